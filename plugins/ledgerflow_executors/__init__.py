@@ -1,0 +1,1 @@
+"""Built-in executors: ``inline``, ``threads`` (default), ``processes`` and ``mock``."""

@@ -1,0 +1,95 @@
+"""The ``threads`` executor (the default): a pool of daemon threads.
+
+A thread cannot be killed: on cancel or timeout the attempt's
+``context().cancel_requested`` turns true and the runner stops waiting for
+it (a timed-out attempt's late result is rejected). An abandoned thread is
+replaced so the pool keeps its size.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+
+from ledgerflow import hookimpl
+from ledgerflow.config import Settings
+from ledgerflow.executor import Completion, Job, execute
+
+_STOP = None
+
+
+class ThreadExecutor:
+    """Runs jobs on ``workers`` threads, replacing abandoned ones."""
+
+    name = "threads"
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._done: Callable[[Completion], None] | None = None
+        self._flags: dict[int, threading.Event] = {}
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def start(self, *, workers: int, on_complete: Callable[[Completion], None]) -> None:
+        self._done = on_complete
+        for _ in range(workers):
+            self._spawn()
+
+    def _spawn(self) -> None:
+        t = threading.Thread(target=self._work, name="ledgerflow-worker", daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _work(self) -> None:
+        q = self._queue
+        while True:
+            job = q.get()
+            if job is None:
+                return
+            flag = self._flags.get(job.id)
+            if flag is None:
+                continue
+            if flag.is_set():   # cancelled before it started: confirm without running it
+                c = Completion(job.id, "cancelled", has_value=False)
+            else:
+                c = execute(job, flag.is_set)
+            with self._lock:
+                self._flags.pop(job.id, None)
+                abandoned = getattr(flag, "abandoned", False)
+            done = self._done
+            if done is not None:
+                done(c)
+            if abandoned:   # a replacement already took this thread's place
+                return
+
+    def submit(self, job: Job) -> None:
+        self._flags[job.id] = threading.Event()
+        self._queue.put(job)
+
+    def cancel(self, job_id: int, *, reason: str) -> None:
+        with self._lock:
+            flag = self._flags.get(job_id)
+            if flag is None:
+                return
+            flag.set()
+            if reason == "timeout":
+                flag.abandoned = True  # type: ignore[attr-defined]
+                self._spawn()
+
+    def shutdown(self) -> None:
+        for flag in list(self._flags.values()):
+            flag.set()
+        for _ in self._threads:
+            self._queue.put(_STOP)
+        self._done = None
+
+
+@hookimpl
+def ledgerflow_executor_names() -> list[str]:
+    return ["threads"]
+
+
+@hookimpl
+def ledgerflow_make_executor(name: str, settings: Settings) -> ThreadExecutor | None:
+    return ThreadExecutor() if name == "threads" else None

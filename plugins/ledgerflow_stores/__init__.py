@@ -1,0 +1,1 @@
+"""Built-in run stores: ``duckdb`` (the default ledger) and ``memory`` (tests)."""

@@ -1,0 +1,756 @@
+"""The ``duckdb`` store: the ledger as one DuckDB file plus per-run journals.
+
+DuckDB lets one process hold a file read-write and then no other process can
+open it at all, and a statement per transition costs ~0.5 ms. So the driver
+never keeps the file open. It appends each group commit as one JSON line to
+a per-run journal (``<ledger>.d/journals/<run>.<token>.jsonl``: one
+``write()``, plus ``fsync`` with ``LEDGERFLOW_SYNC=full``) - that append is
+the durability point - and folds journals into the DuckDB tables in
+set-based batches (Arrow tables, ``INSERT ... SELECT``), opening the file
+only for the fold (every few seconds and at the end). Readers in any
+process open the file read-only for a moment and add the unfolded journal
+tail, so ``status``, ``runs`` and ``cancel`` work while a run is active;
+a lock held by someone else is waited out briefly, then reported as
+:class:`~ledgerflow.errors.StoreLockedError`.
+
+Leases: ``<ledger>.d/runs/<run>/lease`` names the driving pid, host and
+fencing token and is refreshed every second. A takeover (resume) folds
+what the old driver left, bumps the token and starts a new journal segment;
+bytes a superseded driver still appends to its old segment are never folded
+(a notice records how many were rejected).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import socket
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+from ledgerflow import hookimpl
+from ledgerflow.config import Settings
+from ledgerflow.errors import (
+    LeaseLostError,
+    NotALedgerError,
+    NotResumableError,
+    RunNotFoundError,
+    SchemaVersionError,
+    StoreError,
+    StoreLockedError,
+)
+from ledgerflow.results import Encoded, decode
+from ledgerflow.store import Lease, RunView, TaskRow, apply
+
+from ledgerflow_stores.memory import attempt_dict, lineage_rows
+
+SCHEMA_VERSION = 1
+INLINE_LIMIT = 2048
+TERMINAL_SQL = "('succeeded','failed','cancelled','upstream_failed')"
+
+MIGRATIONS: list[tuple[int, list[str]]] = [
+    (1, [
+        "CREATE TABLE meta(key VARCHAR PRIMARY KEY, value VARCHAR)",
+        """CREATE TABLE runs(run_id VARCHAR PRIMARY KEY, pipeline VARCHAR, target VARCHAR,
+            params VARCHAR, options VARCHAR, state VARCHAR, reason VARCHAR,
+            created_at DOUBLE, ended_at DOUBLE, token INTEGER, driver_pid INTEGER,
+            driver_host VARCHAR, max_seq BIGINT)""",
+        """CREATE TABLE tasks(run_id VARCHAR, task_key VARCHAR, task_name VARCHAR,
+            node VARCHAR, item_key VARCHAR, upstream VARCHAR[], code_version VARCHAR,
+            state VARCHAR, attempts INTEGER, budget_base INTEGER, started_at DOUBLE,
+            ended_at DOUBLE, error VARCHAR, fingerprint VARCHAR, result_hash VARCHAR,
+            result_kind VARCHAR, result_data VARCHAR, result_uri VARCHAR,
+            result_size BIGINT, cached_from VARCHAR, result_attempt INTEGER,
+            PRIMARY KEY(run_id, task_key))""",
+        """CREATE TABLE events(run_id VARCHAR, seq BIGINT, task_key VARCHAR,
+            attempt INTEGER, from_state VARCHAR, to_state VARCHAR, reason VARCHAR,
+            ts DOUBLE, token INTEGER)""",
+        """CREATE TABLE attempts(run_id VARCHAR, task_key VARCHAR, attempt INTEGER,
+            outcome VARCHAR, started_at DOUBLE, ended_at DOUBLE, error_type VARCHAR,
+            error_message VARCHAR, traceback VARCHAR, token INTEGER)""",
+        """CREATE TABLE results(run_id VARCHAR, task_key VARCHAR, attempt INTEGER,
+            fingerprint VARCHAR, content_hash VARCHAR, kind VARCHAR, data VARCHAR,
+            uri VARCHAR, size BIGINT, cached_from VARCHAR)""",
+        """CREATE TABLE artifacts(run_id VARCHAR, task_key VARCHAR, attempt INTEGER,
+            direction VARCHAR, uri VARCHAR, content_hash VARCHAR, attrs VARCHAR)""",
+        """CREATE TABLE notices(run_id VARCHAR, task_key VARCHAR, attempt INTEGER,
+            kind VARCHAR, message VARCHAR, ts DOUBLE)""",
+        """CREATE TABLE journal_folds(run_id VARCHAR, token INTEGER, "offset" BIGINT,
+            PRIMARY KEY(run_id, token))""",
+        """CREATE VIEW lineage AS
+            SELECT t.run_id, t.task_key, t.result_attempt AS attempt, 'input' AS direction,
+                   'task:' || u.up AS uri, ut.result_hash AS content_hash,
+                   t.code_version, NULL::VARCHAR AS attrs
+            FROM tasks t, unnest(t.upstream) AS u(up)
+            LEFT JOIN tasks ut ON ut.run_id = t.run_id AND ut.task_key = u.up
+            UNION ALL
+            SELECT run_id, task_key, result_attempt, 'output', 'task:' || task_key,
+                   result_hash, code_version, NULL FROM tasks WHERE state = 'succeeded'
+            UNION ALL
+            SELECT a.run_id, a.task_key, a.attempt, a.direction, a.uri, a.content_hash,
+                   t.code_version, a.attrs
+            FROM artifacts a LEFT JOIN tasks t USING (run_id, task_key)""",
+    ]),
+]
+
+_PROCESS_LOCKS: dict[str, threading.RLock] = {}
+_PL_GUARD = threading.Lock()
+
+
+def _process_lock(path: str) -> threading.RLock:
+    with _PL_GUARD:
+        return _PROCESS_LOCKS.setdefault(path, threading.RLock())
+
+
+def _proc_start(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        if fields[0] in ("Z", "X"):
+            return None
+        return fields[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _pid_alive(pid: int, start: str | None) -> bool:
+    if os.path.isdir("/proc"):
+        now = _proc_start(pid)
+        return now is not None and (start is None or now == start)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class DuckDBStore:
+    """The default ledger (see the module docstring for the design)."""
+
+    name = "duckdb"
+
+    def __init__(self, path: str, *, sync: str | None = None, fold_interval: float = 5.0,
+                 lock_timeout: float | None = None) -> None:
+        p = Path(path).expanduser()
+        if p.is_dir():
+            raise StoreError(f"ledger path is a directory: {path}",
+                             hint="pass --store DIR/ledger.duckdb")
+        self.location = str(p.resolve())
+        self.side = Path(self.location + ".d")
+        self.sync = (sync or os.environ.get("LEDGERFLOW_SYNC", "normal")).lower()
+        self.fold_interval = fold_interval
+        self.lock_timeout = lock_timeout if lock_timeout is not None else float(
+            os.environ.get("LEDGERFLOW_LOCK_TIMEOUT", "30"))
+        self._plock = _process_lock(self.location)
+        self._validated = False
+        self._fds: dict[str, tuple[int, int]] = {}      # run_id -> (token, fd)
+        self._beats: dict[str, _Heartbeat] = {}
+        self._last_fold = time.monotonic()
+
+    # -- files ---------------------------------------------------------------------------
+    def _journals(self) -> Path:
+        return self.side / "journals"
+
+    def _segments(self, run_id: str) -> list[tuple[int, Path]]:
+        d = self._journals()
+        out = []
+        if d.is_dir():
+            for f in d.glob(f"{run_id}.*.jsonl"):
+                try:
+                    out.append((int(f.name[len(run_id) + 1:-6]), f))
+                except ValueError:
+                    continue
+        return sorted(out)
+
+    def _run_dir(self, run_id: str) -> Path:
+        return self.side / "runs" / run_id
+
+    def _open_segment(self, run_id: str, token: int) -> int:
+        self._journals().mkdir(parents=True, exist_ok=True)
+        path = self._journals() / f"{run_id}.{token}.jsonl"
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fds[run_id] = (token, fd)
+        return fd
+
+    def _write_lease(self, run_id: str, token: int) -> None:
+        d = self._run_dir(run_id)
+        d.mkdir(parents=True, exist_ok=True)
+        pid = os.getpid()
+        doc = {"token": token, "pid": pid, "host": socket.gethostname(),
+               "start": _proc_start(pid), "heartbeat": time.time()}
+        tmp = d / f"lease.{pid}.tmp"
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, d / "lease")
+
+    def _read_lease(self, run_id: str) -> dict[str, Any] | None:
+        try:
+            return json.loads((self._run_dir(run_id) / "lease").read_text())  # type: ignore[no-any-return]
+        except (OSError, ValueError):
+            return None
+
+    def driver_alive(self, run_id: str) -> bool:
+        """True if the lease of ``run_id`` is held by a live process."""
+        lease = self._read_lease(run_id)
+        if lease is None:
+            return False
+        if lease.get("host") == socket.gethostname():
+            return _pid_alive(int(lease["pid"]), lease.get("start"))
+        return time.time() - float(lease.get("heartbeat", 0)) < 10.0
+
+    # -- database ------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _db(self, write: bool, timeout: float | None = None) -> Iterator[Any]:
+        with self._plock:
+            if not write and not os.path.exists(self.location):
+                yield None
+                return
+            con = self._connect(write, self.lock_timeout if timeout is None else timeout)
+            try:
+                yield con
+            finally:
+                con.close()
+
+    def _connect(self, write: bool, timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        delay = 0.005
+        while True:
+            try:
+                if write and not self._validated and os.path.exists(self.location):
+                    ro = duckdb.connect(self.location, read_only=True)
+                    try:
+                        self._check(ro)
+                    finally:
+                        ro.close()
+                if write:
+                    Path(self.location).parent.mkdir(parents=True, exist_ok=True)
+                con = duckdb.connect(self.location, read_only=not write)
+            except duckdb.IOException as exc:
+                msg = str(exc)
+                if "lock" in msg.lower():
+                    if time.monotonic() >= deadline:
+                        raise StoreLockedError(
+                            f"ledger {self.location} is locked by another process") from None
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.1)
+                    continue
+                if "not a valid DuckDB" in msg:
+                    raise NotALedgerError(f"{self.location} is not a ledgerflow ledger "
+                                          "(not a DuckDB file)") from None
+                raise StoreError(f"cannot open ledger {self.location}: {msg}",
+                                 hint="check the path and its permissions") from None
+            try:
+                if write:
+                    self._migrate(con)
+                else:
+                    self._check(con)
+            except BaseException:
+                con.close()
+                raise
+            return con
+
+    def _check(self, con: Any) -> int:
+        tables = {r[0] for r in con.execute(
+            "SELECT table_name FROM information_schema.tables").fetchall()}
+        if not tables:
+            return 0
+        if "meta" not in tables:
+            raise NotALedgerError(f"{self.location} is a DuckDB file but not a ledgerflow "
+                                  "ledger (no meta table)")
+        row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
+        version = int(row[0][0]) if row else 0
+        if version > SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"ledger {self.location} has schema version {version}; this ledgerflow "
+                f"reads up to {SCHEMA_VERSION}")
+        self._validated = True
+        return version
+
+    def _migrate(self, con: Any) -> None:
+        version = self._check(con)
+        for target, statements in MIGRATIONS:
+            if target <= version:
+                continue
+            con.execute("BEGIN")
+            try:
+                for sql in statements:
+                    con.execute(sql)
+                con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
+                            [str(target)])
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+        self._validated = True
+
+    # -- writing -------------------------------------------------------------------------
+    def create_run(self, run_id: str, records: Sequence[Sequence[Any]]) -> Lease:
+        if os.path.exists(self.location) and not self._validated:
+            with self._db(False):
+                pass
+        self._write_lease(run_id, 1)
+        self._open_segment(run_id, 1)
+        lease = Lease(run_id, 1)
+        self._beats[run_id] = _Heartbeat(self, run_id, 1)
+        self.append(lease, records)
+        return lease
+
+    def take_over(self, run_id: str) -> Lease:
+        with self._db(True) as con:
+            self._fold_run(con, run_id)
+            row = con.execute("SELECT token, state FROM runs WHERE run_id = ?",
+                              [run_id]).fetchall()
+            if not row:
+                raise RunNotFoundError(f"no run {run_id!r} in {self.location}")
+            if self.driver_alive(run_id):
+                lease = self._read_lease(run_id) or {}
+                raise NotResumableError(
+                    f"run {run_id} is still being driven by pid {lease.get('pid')} on "
+                    f"{lease.get('host')}",
+                    hint=f"wait for it, or stop it first: pipeline cancel {run_id}")
+            seg_tokens = [t for t, _ in self._segments(run_id)]
+            token = max([row[0][0] or 0, *seg_tokens]) + 1
+            con.execute("UPDATE runs SET token = ? WHERE run_id = ?", [token, run_id])
+            with contextlib.suppress(FileNotFoundError):
+                (self._run_dir(run_id) / "cancel").unlink()
+            self._write_lease(run_id, token)
+            self._open_segment(run_id, token)
+        self._beats[run_id] = _Heartbeat(self, run_id, token)
+        return Lease(run_id, token)
+
+    def append(self, lease: Lease, records: Sequence[Sequence[Any]]) -> None:
+        entry = self._fds.get(lease.run_id)
+        beat = self._beats.get(lease.run_id)
+        if entry is None or entry[0] != lease.token or (beat is not None and beat.fenced):
+            raise LeaseLostError(f"run {lease.run_id} was taken over by another driver; "
+                                 f"token {lease.token} is no longer valid")
+        data = (json.dumps(records, separators=(",", ":")) + "\n").encode()
+        fd = entry[1]
+        os.write(fd, data)
+        if self.sync == "full":
+            os.fsync(fd)
+        if time.monotonic() - self._last_fold > self.fold_interval:
+            self._last_fold = time.monotonic()
+            with contextlib.suppress(StoreLockedError):
+                with self._db(True, timeout=0.05) as con:
+                    self._fold_run(con, lease.run_id)
+
+    def release(self, lease: Lease) -> None:
+        beat = self._beats.pop(lease.run_id, None)
+        if beat is not None:
+            beat.stop()
+        entry = self._fds.pop(lease.run_id, None)
+        if entry is None:
+            return
+        with contextlib.suppress(OSError):
+            os.fsync(entry[1])
+        os.close(entry[1])
+        if beat is not None and beat.fenced:
+            return
+        try:
+            with self._db(True) as con:
+                self._fold_run(con, lease.run_id)
+        except StoreLockedError:
+            pass   # readers add the tail; the next writer folds it
+        lease_doc = self._read_lease(lease.run_id)
+        if lease_doc and lease_doc.get("token") == lease.token:
+            with contextlib.suppress(FileNotFoundError):
+                (self._run_dir(lease.run_id) / "lease").unlink()
+
+    def fold(self) -> None:
+        """Fold every journal into the DuckDB file now."""
+        with self._db(True) as con:
+            runs = {f.name.split(".", 1)[0] for f in self._journals().glob("*.jsonl")} \
+                if self._journals().is_dir() else set()
+            for run_id in sorted(runs):
+                self._fold_run(con, run_id)
+
+    # -- folding -------------------------------------------------------------------------
+    def _fold_run(self, con: Any, run_id: str) -> None:
+        segs = self._segments(run_id)
+        if not segs:
+            return
+        folded = dict(con.execute('SELECT token, "offset" FROM journal_folds WHERE run_id = ?',
+                                  [run_id]).fetchall())
+        row = con.execute("SELECT token FROM runs WHERE run_id = ?", [run_id]).fetchall()
+        current = max([(row[0][0] or 0) if row else 0, *(t for t, _ in segs)])
+        for token, path in segs:
+            start = folded.get(token, 0)
+            lines, end = _read_lines(path, start)
+            if not lines:
+                continue
+            con.execute("BEGIN")
+            try:
+                if token < current and token in folded:
+                    count = sum(len(json.loads(line)) for line in lines)
+                    con.execute("INSERT INTO notices VALUES (?, NULL, NULL, ?, ?, ?)",
+                                [run_id, "stale_driver_rejected",
+                                 f"rejected {count} record(s) written under superseded token "
+                                 f"{token}", time.time()])
+                else:
+                    records = [rec for line in lines for rec in json.loads(line)]
+                    _insert(con, run_id, token, records)
+                con.execute("INSERT OR REPLACE INTO journal_folds VALUES (?, ?, ?)",
+                            [run_id, token, end])
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+
+    # -- results -------------------------------------------------------------------------
+    def put_blob(self, enc: Encoded) -> str | None:
+        if enc.kind == "json" and enc.size <= INLINE_LIMIT:
+            return None
+        ext = {"arrow": "parquet", "pickle": "pkl", "json": "json"}[enc.kind]
+        rel = f"results/{enc.hash[:2]}/{enc.hash}.{ext}"
+        path = self.side / rel
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+            if enc.kind == "arrow":
+                import pyarrow.parquet as pq
+                pq.write_table(decode("arrow", enc.data), tmp)
+            else:
+                tmp.write_bytes(enc.data)
+            os.replace(tmp, path)
+        return rel
+
+    def read_blob(self, kind: str, data: str | None, uri: str | None) -> Any:
+        if uri is None:
+            return decode(kind, (data or "null").encode())
+        path = self.side / uri
+        if kind == "arrow":
+            import pyarrow.parquet as pq
+            return pq.read_table(path)
+        raw = path.read_bytes()
+        return pickle.loads(raw) if kind == "pickle" else json.loads(raw)
+
+    def result_path(self, uri: str) -> str:
+        """The file behind a result URI (Parquet for tables: ``read_parquet`` it)."""
+        return str(self.side / uri)
+
+    # -- reading -------------------------------------------------------------------------
+    def _tail(self, run_id: str, folded: dict[int, int]) -> list[Any]:
+        segs = self._segments(run_id)
+        if not segs:
+            return []
+        current = max(t for t, _ in segs)
+        records: list[Any] = []
+        for token, path in segs:
+            if token < current and token in folded:
+                continue  # what an old driver wrote after the takeover is not applied
+            lines, _ = _read_lines(path, folded.get(token, 0))
+            for line in lines:
+                records.extend(json.loads(line))
+        return records
+
+    def _load(self, con: Any, run_id: str) -> tuple[RunView | None, dict[int, int]]:
+        if con is None:
+            return None, {}
+        row = con.execute(
+            "SELECT pipeline, target, params, options, created_at, state, reason, ended_at, "
+            "token, max_seq, driver_pid, driver_host FROM runs WHERE run_id = ?",
+            [run_id]).fetchall()
+        folded = dict(con.execute('SELECT token, "offset" FROM journal_folds WHERE run_id = ?',
+                                  [run_id]).fetchall())
+        if not row:
+            return None, folded
+        (pipeline, target, params, options, created, state, reason, ended, token, max_seq,
+         pid, host) = row[0]
+        view = RunView(run_id, pipeline=pipeline, target=target, params=params or "{}",
+                       options=options or "{}", created_at=created or 0.0, state=state,
+                       reason=reason or "", ended_at=ended, token=token or 0,
+                       max_seq=max_seq or 0, driver_pid=pid, driver_host=host)
+        rows = con.execute(
+            "SELECT task_key, task_name, node, item_key, upstream, code_version, state, "
+            "attempts, budget_base, started_at, ended_at, error, fingerprint, result_hash, "
+            "result_kind, result_data, result_uri, result_size, cached_from, result_attempt "
+            "FROM tasks WHERE run_id = ? ORDER BY rowid", [run_id]).fetchall()
+        tasks = view.tasks
+        for r in rows:
+            tasks[r[0]] = TaskRow(r[0], r[1], r[2], r[3], list(r[4] or ()), r[5], r[6],
+                                  r[7] or 0, r[8] or 0, r[9], r[10], r[11], r[12], r[13],
+                                  r[14], r[15], r[16], r[17] or 0, r[18], r[19] or 0)
+        return view, folded
+
+    def get_run(self, run_id: str) -> RunView:
+        with self._db(False) as con:
+            view, folded = self._load(con, run_id)
+            tail = self._tail(run_id, folded)
+        if view is None:
+            if not tail:
+                raise RunNotFoundError(f"no run {run_id!r} in {self.location}")
+            view = RunView(run_id)
+        apply(view, tail)
+        view.driver_alive = self.driver_alive(run_id) if view.state in (
+            "running", "cancelling") else False
+        return view
+
+    def _journal_runs(self) -> set[str]:
+        d = self._journals()
+        if not d.is_dir():
+            return set()
+        return {f.name.rsplit(".", 2)[0] for f in d.glob("*.jsonl")}
+
+    def list_runs(self, limit: int = 50) -> list[RunView]:
+        views: dict[str, RunView] = {}
+        with self._db(False) as con:
+            if con is not None:
+                rows = con.execute(
+                    "SELECT run_id, pipeline, state, reason, created_at, ended_at FROM runs "
+                    "ORDER BY created_at DESC LIMIT ?", [limit]).fetchall()
+                counts = con.execute(
+                    "SELECT run_id, state, count(*) FROM tasks WHERE run_id IN "
+                    "(SELECT run_id FROM runs ORDER BY created_at DESC LIMIT ?) "
+                    "GROUP BY ALL", [limit]).fetchall()
+                for rid, pipe, state, reason, created, ended in rows:
+                    views[rid] = RunView(rid, pipeline=pipe, state=state, reason=reason or "",
+                                         created_at=created or 0.0, ended_at=ended)
+                for rid, state, n in counts:
+                    for i in range(n):   # counts() reads task rows; keep them light
+                        views[rid].tasks[f"{state}#{i}"] = TaskRow("", state=state)
+        for rid in self._journal_runs():
+            try:
+                views[rid] = self.get_run(rid)
+            except RunNotFoundError:
+                continue
+        out = sorted(views.values(), key=lambda v: v.created_at, reverse=True)[:limit]
+        for v in out:
+            if v.state in ("running", "cancelling") and v.driver_alive is None:
+                v.driver_alive = self.driver_alive(v.run_id)
+        return out
+
+    def request_cancel(self, run_id: str) -> None:
+        self.get_run(run_id)
+        d = self._run_dir(run_id)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "cancel").write_text(str(time.time()))
+
+    def cancel_requested(self, run_id: str) -> bool:
+        return os.path.exists(self.side / "runs" / run_id / "cancel")
+
+    def cache_lookup(self, task_names: Iterable[str]) -> dict[str, tuple[Any, ...]]:
+        names = list(task_names)
+        out: dict[str, tuple[Any, ...]] = {}
+        if not names:
+            with self._db(False):
+                return out
+        with self._db(False) as con:
+            if con is None:
+                return out
+            con.register("lf_names", pa.table({"name": names}))
+            try:
+                rows = con.execute(
+                    "SELECT fingerprint, run_id, task_key, result_hash, result_kind, "
+                    "result_data, result_uri, result_size FROM tasks "
+                    "WHERE state = 'succeeded' AND fingerprint IS NOT NULL "
+                    "AND task_name IN (SELECT name FROM lf_names)").fetchall()
+            finally:
+                con.unregister("lf_names")
+        for fp, *rest in rows:
+            out.setdefault(fp, tuple(rest))
+        return out
+
+    def _records(self, run_id: str, kind: str, sql: str) -> tuple[RunView, list[Any]]:
+        view = self.get_run(run_id)
+        with self._db(False) as con:
+            rows = [] if con is None else [(kind, *r) for r in con.execute(sql, [run_id])
+                                           .fetchall()]
+            _, folded = self._load(con, run_id)
+            tail = [r for r in self._tail(run_id, folded) if r[0] == kind]
+        return view, rows + tail
+
+    def lineage(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
+        view, rows = self._records(
+            run_id, "L", "SELECT task_key, attempt, direction, uri, content_hash, attrs "
+            "FROM artifacts WHERE run_id = ? ORDER BY rowid")
+        fixed = [(r[0], r[1], r[2], r[3], r[4], r[5],
+                  json.loads(r[6]) if isinstance(r[6], str) else r[6]) for r in rows]
+        return lineage_rows(view, fixed, task_key)
+
+    def notices(self, run_id: str) -> list[dict[str, Any]]:
+        _, rows = self._records(
+            run_id, "N", "SELECT task_key, attempt, kind, message, ts FROM notices "
+            "WHERE run_id = ? ORDER BY rowid")
+        return [{"task_key": r[1], "attempt": r[2], "kind": r[3], "message": r[4], "at": r[5]}
+                for r in rows]
+
+    def attempts(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
+        _, rows = self._records(
+            run_id, "A", "SELECT task_key, attempt, outcome, started_at, ended_at, error_type, "
+            "error_message, traceback FROM attempts WHERE run_id = ? ORDER BY rowid")
+        return [attempt_dict(r) for r in rows if task_key is None or r[1] == task_key]
+
+    def close(self) -> None:
+        for run_id in list(self._fds):
+            self.release(Lease(run_id, self._fds[run_id][0]))
+
+
+class _Heartbeat:
+    """Refreshes a lease every second; notices when another driver took over."""
+
+    def __init__(self, store: DuckDBStore, run_id: str, token: int) -> None:
+        self.store, self.run_id, self.token = store, run_id, token
+        self.fenced = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"ledgerflow-lease-{run_id}")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            doc = self.store._read_lease(self.run_id)
+            if doc is not None and int(doc.get("token", 0)) > self.token:
+                self.fenced = True
+                return
+            with contextlib.suppress(OSError):
+                self.store._write_lease(self.run_id, self.token)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _read_lines(path: Path, start: int) -> tuple[list[bytes], int]:
+    """Complete lines of ``path`` from byte ``start``; a torn last line is left out."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(start)
+            data = fh.read()
+    except FileNotFoundError:
+        return [], start
+    cut = data.rfind(b"\n")
+    if cut < 0:
+        return [], start
+    body = data[:cut]
+    return [ln for ln in body.split(b"\n") if ln], start + cut + 1
+
+
+def _table(names: Sequence[str], rows: list[Any], types: dict[str, pa.DataType]) -> pa.Table:
+    cols = list(zip(*rows)) if rows else [[] for _ in names]
+    return pa.table({n: pa.array(list(c), type=types.get(n)) for n, c in zip(names, cols, strict=True)})
+
+
+_STR = pa.string()
+
+
+def _insert(con: Any, run_id: str, token: int, records: list[Any]) -> None:
+    """Fold one batch of journal records into the tables, set-based."""
+    by: dict[str, list[Any]] = {}
+    for i, rec in enumerate(records):
+        by.setdefault(rec[0], []).append((i, *rec[1:]))
+    for _, rid, pipe, target, params, created, options in by.get("D", []):
+        con.execute("INSERT INTO runs (run_id, pipeline, target, params, options, state, "
+                    "created_at, token, max_seq) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, 0) "
+                    "ON CONFLICT DO NOTHING", [rid, pipe, target, params, options, created,
+                                               token])
+    for _, htoken, pid, host, _at in by.get("H", []):
+        con.execute("UPDATE runs SET token = greatest(coalesce(token, 0), ?), driver_pid = ?, "
+                    "driver_host = ? WHERE run_id = ?", [htoken, pid, host, run_id])
+    if "T" in by:
+        t = _table(["i", "key", "name", "node", "item", "upstream", "version", "at"], by["T"],
+                   {"upstream": pa.list_(_STR), "item": _STR})
+        con.register("lf_t", t)
+        con.execute("INSERT INTO tasks (run_id, task_key, task_name, node, item_key, upstream, "
+                    "code_version, state, attempts, budget_base) SELECT ?, key, name, node, item,"
+                    " upstream, version, 'pending', 0, 0 FROM lf_t ON CONFLICT DO NOTHING",
+                    [run_id])
+        con.unregister("lf_t")
+    if "E" in by:
+        e = _table(["i", "seq", "key", "attempt", "frm", "to", "reason", "ts"], by["E"],
+                   {"frm": _STR, "reason": _STR})
+        con.register("lf_e", e)
+        con.execute("INSERT INTO events SELECT ?, seq, key, attempt, frm, \"to\", reason, ts, ? "
+                    "FROM lf_e", [run_id, token])
+        con.execute(f"""
+            UPDATE tasks SET state = s.state,
+                attempts = greatest(tasks.attempts, s.attempts),
+                started_at = coalesce(tasks.started_at, s.started_at),
+                ended_at = CASE WHEN s.state IN {TERMINAL_SQL} THEN s.last_at
+                                WHEN s.budget_base IS NOT NULL THEN NULL
+                                ELSE tasks.ended_at END,
+                budget_base = coalesce(s.budget_base, tasks.budget_base)
+            FROM (SELECT key, arg_max("to", seq) AS state, max(attempt) AS attempts,
+                         min(ts) FILTER (WHERE "to" = 'running') AS started_at,
+                         arg_max(ts, seq) AS last_at,
+                         arg_max(attempt, seq) FILTER (WHERE "to" = 'pending'
+                                                       AND frm IS NOT NULL) AS budget_base
+                  FROM lf_e GROUP BY key) s
+            WHERE tasks.run_id = ? AND tasks.task_key = s.key""", [run_id])
+        con.execute("UPDATE runs SET max_seq = greatest(coalesce(max_seq, 0), "
+                    "(SELECT max(seq) FROM lf_e)) WHERE run_id = ?", [run_id])
+        con.unregister("lf_e")
+    if "A" in by:
+        a = _table(["i", "key", "attempt", "outcome", "started", "ended", "etype", "emsg", "tb"],
+                   by["A"], {"started": pa.float64(), "ended": pa.float64(), "etype": _STR,
+                             "emsg": _STR, "tb": _STR})
+        con.register("lf_a", a)
+        con.execute("INSERT INTO attempts SELECT ?, key, attempt, outcome, started, ended, "
+                    "etype, emsg, tb, ? FROM lf_a", [run_id, token])
+        con.execute("""
+            UPDATE tasks SET attempts = greatest(tasks.attempts, s.attempts), error = s.error
+            FROM (SELECT key, max(attempt) AS attempts,
+                         arg_max_null(CASE WHEN outcome = 'ok' THEN NULL
+                              WHEN outcome IN ('timeout', 'lost', 'cancelled') THEN
+                                  CASE WHEN coalesce(emsg, '') = '' THEN outcome
+                                       ELSE outcome || ': ' || emsg END
+                              WHEN coalesce(etype, '') = '' THEN emsg
+                              ELSE etype || ': ' || emsg END, i) AS error
+                  FROM lf_a GROUP BY key) s
+            WHERE tasks.run_id = ? AND tasks.task_key = s.key""", [run_id])
+        con.unregister("lf_a")
+    if "R" in by:
+        r = _table(["i", "key", "attempt", "fp", "hash", "kind", "data", "uri", "size",
+                    "cached"], by["R"], {"fp": _STR, "data": _STR, "uri": _STR,
+                                         "cached": _STR, "size": pa.int64()})
+        con.register("lf_r", r)
+        con.execute("INSERT INTO results SELECT ?, key, attempt, fp, hash, kind, data, uri, "
+                    "size, cached FROM lf_r", [run_id])
+        con.execute("""
+            UPDATE tasks SET fingerprint = s.fp, result_hash = s.hash, result_kind = s.kind,
+                result_data = s.data, result_uri = s.uri, result_size = s.size,
+                cached_from = s.cached, result_attempt = s.attempt
+            FROM (SELECT * FROM lf_r QUALIFY row_number() OVER (PARTITION BY key
+                  ORDER BY i DESC) = 1) s
+            WHERE tasks.run_id = ? AND tasks.task_key = s.key""", [run_id])
+        con.unregister("lf_r")
+    if "L" in by:
+        rows = [(i, k, att, d, uri, h, json.dumps(attrs or {})) for i, k, att, d, uri, h, attrs
+                in by["L"]]
+        lt = _table(["i", "key", "attempt", "direction", "uri", "hash", "attrs"], rows,
+                    {"hash": _STR})
+        con.register("lf_l", lt)
+        con.execute("INSERT INTO artifacts SELECT ?, key, attempt, direction, uri, hash, attrs "
+                    "FROM lf_l", [run_id])
+        con.unregister("lf_l")
+    if "N" in by:
+        nt = _table(["i", "key", "attempt", "kind", "message", "ts"], by["N"], {})
+        con.register("lf_n", nt)
+        con.execute("INSERT INTO notices SELECT ?, key, attempt, kind, message, ts FROM lf_n",
+                    [run_id])
+        con.unregister("lf_n")
+    for _, state, reason, at in by.get("S", [])[-1:]:
+        ended = at if state in ("succeeded", "failed", "cancelled") else None
+        con.execute("UPDATE runs SET state = ?, reason = ?, ended_at = ? WHERE run_id = ?",
+                    [state, reason, ended, run_id])
+
+
+@hookimpl
+def ledgerflow_store_names() -> list[str]:
+    return ["duckdb"]
+
+
+@hookimpl
+def ledgerflow_make_store(name: str, settings: Settings) -> DuckDBStore | None:
+    if name != "duckdb":
+        return None
+    return DuckDBStore(settings.store)
+
+

@@ -1,0 +1,175 @@
+"""The ``memory`` store: the ledger as Python objects, for tests and notebooks.
+
+Nothing survives the process. Select it with ``store=":memory:"`` (or any
+``memory:NAME``); one store per name per process.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ledgerflow import hookimpl
+from ledgerflow.config import Settings
+from ledgerflow.errors import LeaseLostError, NotResumableError, RunNotFoundError
+from ledgerflow.results import Encoded, decode
+from ledgerflow.store import Lease, RunView, apply
+
+
+class MemoryStore:
+    """A run store kept in this process's memory."""
+
+    name = "memory"
+
+    def __init__(self, location: str = ":memory:") -> None:
+        self.location = location
+        self._lock = threading.Lock()
+        self._views: dict[str, RunView] = {}
+        self._records: dict[str, list[Sequence[Any]]] = {}
+        self._tokens: dict[str, int] = {}
+        self._held: set[str] = set()
+        self._cancel: set[str] = set()
+        self._blobs: dict[str, bytes] = {}
+
+    def create_run(self, run_id: str, records: Sequence[Sequence[Any]]) -> Lease:
+        with self._lock:
+            self._views[run_id] = apply(RunView(run_id), records)
+            self._records[run_id] = list(records)
+            self._tokens[run_id] = 1
+            self._held.add(run_id)
+        return Lease(run_id, 1)
+
+    def take_over(self, run_id: str) -> Lease:
+        with self._lock:
+            if run_id not in self._views:
+                raise RunNotFoundError(f"no run {run_id!r} in {self.location}")
+            if run_id in self._held:
+                raise NotResumableError(f"run {run_id} is still being driven in this process",
+                                        hint="wait for it, or cancel it first")
+            token = self._tokens[run_id] + 1
+            self._tokens[run_id] = token
+            self._held.add(run_id)
+            self._cancel.discard(run_id)
+        return Lease(run_id, token)
+
+    def append(self, lease: Lease, records: Sequence[Sequence[Any]]) -> None:
+        with self._lock:
+            if self._tokens.get(lease.run_id) != lease.token:
+                raise LeaseLostError(f"run {lease.run_id} was taken over (token "
+                                     f"{lease.token} < {self._tokens.get(lease.run_id)})")
+            apply(self._views[lease.run_id], records)
+            self._records[lease.run_id].extend(records)
+
+    def release(self, lease: Lease) -> None:
+        with self._lock:
+            if self._tokens.get(lease.run_id) == lease.token:
+                self._held.discard(lease.run_id)
+
+    def put_blob(self, enc: Encoded) -> str | None:
+        if enc.kind == "json" and enc.size <= 65536:
+            return None
+        uri = f"memory://{enc.hash}.{enc.kind}"
+        self._blobs[uri] = enc.data
+        return uri
+
+    def read_blob(self, kind: str, data: str | None, uri: str | None) -> Any:
+        if uri is not None:
+            return decode(kind, self._blobs[uri])
+        return decode(kind, (data or "null").encode())
+
+    def get_run(self, run_id: str) -> RunView:
+        with self._lock:
+            view = self._views.get(run_id)
+            if view is None:
+                raise RunNotFoundError(f"no run {run_id!r} in {self.location}")
+            copy = apply(RunView(run_id), self._records[run_id])
+        copy.driver_alive = run_id in self._held
+        return copy
+
+    def list_runs(self, limit: int = 50) -> list[RunView]:
+        ids = sorted(self._views, key=lambda r: self._views[r].created_at, reverse=True)
+        return [self.get_run(r) for r in ids[:limit]]
+
+    def request_cancel(self, run_id: str) -> None:
+        self.get_run(run_id)
+        self._cancel.add(run_id)
+
+    def cancel_requested(self, run_id: str) -> bool:
+        return run_id in self._cancel
+
+    def cache_lookup(self, task_names: Iterable[str]) -> dict[str, tuple[Any, ...]]:
+        names = set(task_names)
+        out: dict[str, tuple[Any, ...]] = {}
+        with self._lock:
+            for run_id, view in self._views.items():
+                for row in view.tasks.values():
+                    if row.state == "succeeded" and row.task_name in names and row.fingerprint:
+                        out.setdefault(row.fingerprint, (
+                            run_id, row.key, row.result_hash, row.result_kind, row.result_data,
+                            row.result_uri, row.result_size))
+        return out
+
+    def _rows(self, run_id: str, kind: str) -> list[Sequence[Any]]:
+        self.get_run(run_id)
+        return [r for r in self._records[run_id] if r[0] == kind]
+
+    def lineage(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
+        view = self.get_run(run_id)
+        return lineage_rows(view, self._rows(run_id, "L"), task_key)
+
+    def notices(self, run_id: str) -> list[dict[str, Any]]:
+        return [{"task_key": r[1], "attempt": r[2], "kind": r[3], "message": r[4], "at": r[5]}
+                for r in self._rows(run_id, "N")]
+
+    def attempts(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
+        return [attempt_dict(r) for r in self._rows(run_id, "A")
+                if task_key is None or r[1] == task_key]
+
+    def close(self) -> None:
+        return None
+
+
+def attempt_dict(r: Sequence[Any]) -> dict[str, Any]:
+    """An ``A`` record as a dict."""
+    return {"task_key": r[1], "attempt": r[2], "outcome": r[3], "started_at": r[4],
+            "ended_at": r[5], "error_type": r[6], "error_message": r[7]}
+
+
+def lineage_rows(view: RunView, artifacts: Iterable[Sequence[Any]],
+                 task_key: str | None) -> list[dict[str, Any]]:
+    """Upstream results read, the result produced, and recorded artifacts."""
+    out: list[dict[str, Any]] = []
+    for row in view.tasks.values():
+        if task_key is not None and row.key != task_key:
+            continue
+        for up in row.upstream:
+            src = view.tasks.get(up)
+            out.append({"task_key": row.key, "attempt": row.result_attempt,
+                        "direction": "input", "uri": f"task:{up}",
+                        "content_hash": src.result_hash if src else None,
+                        "code_version": row.code_version, "attrs": {}})
+        if row.state == "succeeded":
+            out.append({"task_key": row.key, "attempt": row.result_attempt,
+                        "direction": "output", "uri": f"task:{row.key}",
+                        "content_hash": row.result_hash, "code_version": row.code_version,
+                        "attrs": {"cached_from": row.cached_from} if row.cached_from else {}})
+    for r in artifacts:
+        if task_key is None or r[1] == task_key:
+            src = view.tasks.get(r[1])
+            out.append({"task_key": r[1], "attempt": r[2], "direction": r[3], "uri": r[4],
+                        "content_hash": r[5], "code_version": src.code_version if src else None,
+                        "attrs": r[6] or {}})
+    return out
+
+
+@hookimpl
+def ledgerflow_store_names() -> list[str]:
+    return ["memory"]
+
+
+@hookimpl
+def ledgerflow_make_store(name: str, settings: Settings) -> MemoryStore | None:
+    if name != "memory":
+        return None
+    return MemoryStore(settings.store)

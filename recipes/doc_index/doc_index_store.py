@@ -1,0 +1,511 @@
+"""The doc_index search index: one DuckDB file, written safely by many workers.
+
+Tables:
+
+``chunks``
+    one row per chunk, keyed by ``(doc_id, position)``: the text, its
+    ``content_hash``, the document's ``doc_hash``, the embedding
+    (``FLOAT[dim]``), the embedder name and version, and the provenance of
+    the write (``run_id``, ``task_key``, ``attempt``, ``written_at``).
+``postings``
+    ``(doc_id, position, term, tf)``: the keyword index used by BM25,
+    maintained in the same transaction as ``chunks``.
+``writes``
+    one row per applied document write, keyed by the task's idempotency key.
+``meta``
+    ``schema_version``, ``embedder``, ``embedder_version`` and ``dim``: an
+    index holds vectors of exactly one embedder.
+
+Concurrency: DuckDB lets one process at a time open a file read-write (a
+second process cannot open it at all), and, inside a process, concurrent
+transactions that touch the same rows conflict. Every operation here
+therefore opens the file, runs one short transaction and closes it, retrying
+with jittered exponential backoff when the file is locked by another process
+or the transaction conflicts (``LEDGERFLOW_INDEX_LOCK_TIMEOUT`` seconds in
+all, default 60).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import duckdb
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+T = TypeVar("T")
+
+#: How words become index terms, as a SQL expression over ``{col}``: lowercase,
+#: split on anything that is not a letter or digit, drop 1-letter words, and
+#: strip a plural "s" ("patents" -> "patent", but "class" stays). Used at
+#: write time for ``postings`` and at query time for the query, so both agree.
+TERMS_SQL = (
+    "list_transform(list_filter(regexp_split_to_array(lower({col}), '[^\\p{{L}}\\p{{N}}]+'), "
+    "lambda t: length(t) > 1), lambda t: CASE WHEN length(t) > 3 AND suffix(t, 's') "
+    "AND NOT suffix(t, 'ss') THEN t[1:-2] ELSE t END)")
+
+def vectors_schema(dim: int) -> pa.Schema:
+    """Arrow schema of a document's embedded chunks, as ``embed`` returns them.
+
+    ``embedding`` is a fixed-size list of ``dim`` float32.
+    """
+    return pa.schema([
+        ("doc_id", pa.string()), ("doc_hash", pa.string()), ("source", pa.string()),
+        ("position", pa.int32()), ("start_char", pa.int32()), ("end_char", pa.int32()),
+        ("text", pa.string()), ("content_hash", pa.string()),
+        ("embedding", pa.list_(pa.float32(), dim)),
+        ("embedder", pa.string()), ("embedder_version", pa.string()),
+    ])
+
+
+class DocIndexError(Exception):
+    """Base of the index errors."""
+
+
+class IndexNotFoundError(DocIndexError, FileNotFoundError):
+    """The index file does not exist."""
+
+
+class IndexLockedError(DocIndexError, TimeoutError):
+    """The index stayed locked by another process (or conflicting) for too long."""
+
+
+class IndexMismatchError(DocIndexError, ValueError):
+    """The index was built with another embedder (or vector size) than the one given."""
+
+
+class ChunkNotFoundError(DocIndexError, LookupError):
+    """No chunk with that ``(doc_id, position)`` is in the index."""
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """Who writes: the run, task and attempt, and the task's idempotency key.
+
+    ``run_id == "local"`` (a plain call outside a run) disables the
+    skip-if-already-written check; the write itself is idempotent anyway.
+    """
+
+    run_id: str = "local"
+    task_key: str = "local"
+    attempt: int = 1
+    idempotency_key: str = "local"
+
+
+# --------------------------------------------------------------------------- connections
+
+
+def _lock_timeout() -> float:
+    return float(os.environ.get("LEDGERFLOW_INDEX_LOCK_TIMEOUT", "60"))
+
+
+def _is_lock_error(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, duckdb.IOException) and ("lock" in text or "resource" in text)
+
+
+def _is_conflict(exc: BaseException) -> bool:
+    if isinstance(exc, duckdb.TransactionException):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, duckdb.ConstraintException) and "duplicate key" in text
+
+
+@contextmanager
+def connect(index: str | os.PathLike[str], *, create: bool = True,
+            timeout: float | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+    """Open the index file (retrying while another process holds it); close on exit.
+
+    Raises:
+        IndexNotFoundError: ``create=False`` and the file does not exist.
+        IndexLockedError: still locked after ``timeout`` seconds.
+    """
+    path = Path(index)
+    if not create and not path.exists():
+        raise IndexNotFoundError(
+            f"index {str(index)!r} does not exist; build it first, e.g. "
+            f"pipeline run recipes/doc_index/pipeline.py -p source=DOCS -p index={index}")
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    con = _retry(lambda: duckdb.connect(str(path)), timeout, f"open {path}", lock_only=True)
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+def _retry(fn: Callable[[], T], timeout: float | None, what: str, *,
+           lock_only: bool = False) -> T:
+    """Call ``fn``, retrying lock errors (and conflicts unless ``lock_only``) with backoff."""
+    deadline = time.monotonic() + (_lock_timeout() if timeout is None else timeout)
+    delay = 0.005
+    while True:
+        try:
+            return fn()
+        except duckdb.Error as exc:
+            retryable = _is_lock_error(exc) or (not lock_only and _is_conflict(exc))
+            if not retryable:
+                raise
+            if time.monotonic() + delay > deadline:
+                raise IndexLockedError(
+                    f"could not {what}: still locked or conflicting after retrying "
+                    f"({exc}); another process may hold the index open") from exc
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 0.25)
+
+
+def transaction(index: str | os.PathLike[str], fn: Callable[[duckdb.DuckDBPyConnection], T],
+                *, create: bool = True, timeout: float | None = None) -> T:
+    """Run ``fn(con)`` in one transaction on a fresh connection; retry locks and conflicts."""
+    def attempt() -> T:
+        with connect(index, create=create, timeout=timeout) as con:
+            con.execute("BEGIN TRANSACTION")
+            try:
+                result = fn(con)
+                con.execute("COMMIT")
+            except BaseException:
+                try:
+                    con.execute("ROLLBACK")
+                except duckdb.Error:
+                    pass  # a failed COMMIT already ended the transaction
+                raise
+            return result
+
+    return _retry(attempt, timeout, f"write {index}")
+
+
+# --------------------------------------------------------------------------- schema
+
+
+def _create_schema(con: duckdb.DuckDBPyConnection, dim: int) -> None:
+    con.execute("CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)")
+    con.execute(f"""
+        CREATE TABLE IF NOT EXISTS chunks (
+            doc_id VARCHAR NOT NULL, position INTEGER NOT NULL, text VARCHAR NOT NULL,
+            content_hash VARCHAR NOT NULL, doc_hash VARCHAR NOT NULL, source VARCHAR,
+            start_char INTEGER, end_char INTEGER, n_terms INTEGER NOT NULL,
+            embedding FLOAT[{int(dim)}] NOT NULL, embedder VARCHAR NOT NULL,
+            embedder_version VARCHAR NOT NULL, run_id VARCHAR NOT NULL,
+            task_key VARCHAR NOT NULL, attempt INTEGER NOT NULL, written_at TIMESTAMP NOT NULL,
+            PRIMARY KEY (doc_id, position))""")
+    con.execute("""
+        CREATE TABLE IF NOT EXISTS postings (
+            doc_id VARCHAR NOT NULL, position INTEGER NOT NULL, term VARCHAR NOT NULL,
+            tf INTEGER NOT NULL)""")
+    con.execute("""
+        CREATE TABLE IF NOT EXISTS writes (
+            idempotency_key VARCHAR PRIMARY KEY, doc_id VARCHAR NOT NULL,
+            doc_hash VARCHAR NOT NULL, payload_hash VARCHAR NOT NULL, chunks INTEGER NOT NULL,
+            run_id VARCHAR NOT NULL, task_key VARCHAR NOT NULL, attempt INTEGER NOT NULL,
+            written_at TIMESTAMP NOT NULL)""")
+
+
+def read_meta(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    """Return the ``meta`` table as a dict (empty for a new or foreign file)."""
+    exists = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'meta' "
+                         "AND schema_name = 'main'").fetchall()[0][0]
+    if not exists:
+        return {}
+    return dict(con.execute("SELECT key, value FROM meta").fetchall())
+
+
+def _check_or_set_meta(con: duckdb.DuckDBPyConnection, embedder: str, version: str,
+                       dim: int, index: str) -> None:
+    meta = read_meta(con)
+    if not meta:
+        _create_schema(con, dim)
+        con.executemany("INSERT INTO meta VALUES (?, ?)", [
+            ("schema_version", str(SCHEMA_VERSION)), ("embedder", embedder),
+            ("embedder_version", version), ("dim", str(dim))])
+        return
+    if int(meta.get("schema_version", "0")) > SCHEMA_VERSION:
+        raise IndexMismatchError(
+            f"index {index!r} has schema version {meta['schema_version']}, newer than this "
+            f"recipe ({SCHEMA_VERSION}); upgrade ledgerflow or use a new index path")
+    if (meta.get("embedder"), meta.get("embedder_version"), meta.get("dim")) != (
+            embedder, version, str(dim)):
+        raise IndexMismatchError(
+            f"index {index!r} was built with embedder {meta.get('embedder')!r} "
+            f"(version {meta.get('embedder_version')}, dim {meta.get('dim')}), not "
+            f"{embedder!r} (version {version}, dim {dim}); pass embedder="
+            f"{meta.get('embedder')} or write to a new index path")
+
+
+# --------------------------------------------------------------------------- writes
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """What :func:`write_document` did."""
+
+    doc_id: str | None
+    doc_hash: str | None
+    chunks: int
+    inserted: int
+    deleted: int
+    skipped: bool  # the same idempotency key was already applied
+
+    def as_dict(self) -> dict[str, Any]:
+        """The deterministic part, JSON-able (a task result must not depend on retries)."""
+        return {"doc_id": self.doc_id, "doc_hash": self.doc_hash, "chunks": self.chunks}
+
+
+def payload_hash(table: pa.Table) -> str:
+    """Hash of what a write would store (positions, chunk hashes, doc hash, embedder)."""
+    h = hashlib.sha256()
+    cols = [table.column(c).to_pylist() for c in
+            ("position", "content_hash", "doc_hash", "embedder_version")]
+    for row in zip(*cols, strict=True):
+        h.update(repr(row).encode())
+    return h.hexdigest()
+
+
+def write_document(index: str | os.PathLike[str], table: pa.Table, *,
+                   provenance: Provenance | None = None,
+                   timeout: float | None = None) -> WriteResult:
+    """Replace one document's chunks in the index, in one short transaction.
+
+    ``table`` holds all chunks of one document (schema :func:`vectors_schema`).
+    Rows are keyed by ``(doc_id, position, content_hash)``: chunks that did not
+    change keep their row (and the provenance of the write that created it),
+    changed or new positions are written, positions the document no longer has
+    are deleted, and the keyword postings follow in the same transaction.
+
+    The write is idempotent: applying the same table twice leaves the same
+    rows. In a run, the task's idempotency key is recorded in ``writes`` in the
+    same transaction, so a retry after a crash that happened after the commit
+    (but before the ledger recorded success) is recognised and skipped.
+
+    An empty table carries no ``doc_id`` unless its schema metadata has one
+    (``b"doc_id"``); then the document's rows are removed. Otherwise nothing
+    happens (``prune`` removes stale rows by document hash).
+
+    Raises:
+        IndexMismatchError: the index holds another embedder's vectors, or
+            ``table`` mixes documents or embedders.
+        IndexLockedError: the index stayed locked too long.
+    """
+    prov = provenance or Provenance()
+    index = str(index)
+    table = _normalise_table(table)
+    doc_ids = set(table.column("doc_id").to_pylist())
+    if len(doc_ids) > 1:
+        raise IndexMismatchError(f"write_document takes one document, given {sorted(doc_ids)}")
+    if table.num_rows == 0:
+        meta = table.schema.metadata or {}
+        doc_id = meta.get(b"doc_id", b"").decode() or None
+        if doc_id is None:
+            return WriteResult(None, None, 0, 0, 0, False)
+        deleted = delete_documents(index, [doc_id], timeout=timeout) if Path(index).exists() else 0
+        return WriteResult(doc_id, (meta.get(b"doc_hash") or b"").decode() or None, 0, 0,
+                           deleted, False)
+    embedders = set(zip(table.column("embedder").to_pylist(),
+                        table.column("embedder_version").to_pylist(), strict=True))
+    if len(embedders) > 1:
+        raise IndexMismatchError(f"one write mixes embedders: {sorted(embedders)}")
+    (embedder, version), = embedders
+    dim = table.schema.field("embedding").type.list_size
+    doc_id = next(iter(doc_ids))
+    doc_hash = table.column("doc_hash")[0].as_py()
+    payload = payload_hash(table)
+    in_run = prov.run_id != "local"
+    key = prov.idempotency_key if in_run else f"local:{doc_id}"
+
+    def apply(con: duckdb.DuckDBPyConnection) -> WriteResult:
+        _check_or_set_meta(con, embedder, version, dim, index)
+        if in_run:
+            done = con.execute("SELECT payload_hash FROM writes WHERE idempotency_key = ?",
+                               [key]).fetchall()
+            if done and done[0][0] == payload:
+                return WriteResult(doc_id, doc_hash, table.num_rows, 0, 0, True)
+        existing = dict(con.execute(
+            "SELECT position, content_hash FROM chunks WHERE doc_id = ?", [doc_id]).fetchall())
+        positions = table.column("position").to_pylist()
+        hashes = table.column("content_hash").to_pylist()
+        incoming = dict(zip(positions, hashes, strict=True))
+        stale = [p for p, h in existing.items() if incoming.get(p) != h]
+        fresh = [i for i, (p, h) in enumerate(zip(positions, hashes, strict=True))
+                 if existing.get(p) != h]
+        if stale:
+            con.execute("DELETE FROM chunks WHERE doc_id = ? AND list_contains(?, position)",
+                        [doc_id, stale])
+            con.execute("DELETE FROM postings WHERE doc_id = ? AND list_contains(?, position)",
+                        [doc_id, stale])
+        kept = len(existing) - len(stale)
+        if kept:  # unchanged chunks: follow the document's new hash and offsets
+            con.register("incoming_all", table)
+            con.execute("""
+                UPDATE chunks SET doc_hash = i.doc_hash, source = i.source,
+                       start_char = i.start_char, end_char = i.end_char
+                FROM incoming_all i
+                WHERE chunks.doc_id = i.doc_id AND chunks.position = i.position
+                  AND (chunks.doc_hash <> i.doc_hash OR chunks.start_char <> i.start_char
+                       OR chunks.source IS DISTINCT FROM i.source)""")
+            con.unregister("incoming_all")
+        if fresh:
+            con.register("incoming", table.take(pa.array(fresh, pa.int64())))
+            terms = TERMS_SQL.format(col="text")
+            con.execute(f"""
+                INSERT INTO chunks
+                SELECT doc_id, position, text, content_hash, doc_hash, source, start_char,
+                       end_char, len({terms}), embedding, embedder, embedder_version,
+                       ?, ?, ?, current_timestamp AT TIME ZONE 'UTC'
+                FROM incoming""", [prov.run_id, prov.task_key, prov.attempt])
+            con.execute(f"""
+                INSERT INTO postings
+                SELECT doc_id, position, term, count(*)::INTEGER
+                FROM (SELECT doc_id, position, unnest({terms}) AS term FROM incoming)
+                GROUP BY ALL""")
+            con.unregister("incoming")
+        con.execute("""
+            INSERT OR REPLACE INTO writes VALUES
+                (?, ?, ?, ?, ?, ?, ?, ?, current_timestamp AT TIME ZONE 'UTC')""",
+                    [key, doc_id, doc_hash, payload, table.num_rows, prov.run_id,
+                     prov.task_key, prov.attempt])
+        return WriteResult(doc_id, doc_hash, table.num_rows, len(fresh), len(stale), False)
+
+    return transaction(index, apply, timeout=timeout)
+
+
+def _normalise_table(table: pa.Table) -> pa.Table:
+    """Check the columns; cast to :func:`vectors_schema` (order and types)."""
+    if not isinstance(table, pa.Table):
+        raise TypeError(f"expected a pyarrow.Table of embedded chunks, given {type(table)}")
+    try:
+        dim = table.schema.field("embedding").type.list_size
+    except KeyError:
+        raise ValueError("the table has no 'embedding' column") from None
+    schema = vectors_schema(dim)
+    missing = [n for n in schema.names if n not in table.schema.names]
+    if missing:
+        raise ValueError(f"the table lacks the columns {missing}")
+    cast = table.select(schema.names).cast(schema)
+    return cast.replace_schema_metadata(table.schema.metadata)
+
+
+def delete_documents(index: str | os.PathLike[str], doc_ids: Iterable[str], *,
+                     timeout: float | None = None) -> int:
+    """Remove every chunk of ``doc_ids``; return the number of chunks removed."""
+    ids = sorted(set(doc_ids))
+    if not ids:
+        return 0
+
+    def apply(con: duckdb.DuckDBPyConnection) -> int:
+        if not read_meta(con):
+            return 0
+        n = con.execute("SELECT count(*) FROM chunks WHERE list_contains(?, doc_id)",
+                        [ids]).fetchall()[0][0]
+        for table in ("chunks", "postings", "writes"):
+            con.execute(f"DELETE FROM {table} WHERE list_contains(?, doc_id)", [ids])
+        return int(n)
+
+    return transaction(index, apply, timeout=timeout)
+
+
+def prune_index(index: str | os.PathLike[str], docs: Iterable[Mapping[str, Any]], *,
+                timeout: float | None = None) -> dict[str, Any]:
+    """Delete the chunks of documents that are gone or stale; return counts.
+
+    ``docs`` is the current document list (``doc_id`` and ``content_hash``, as
+    from ``discover``). A chunk is removed when its document is not listed
+    (deleted file) or when its ``doc_hash`` differs from the listed hash (the
+    file changed and its new version wrote no rows at that position, e.g. it
+    became empty). Their ``writes`` records go too. A missing index file is
+    left missing.
+    """
+    current = {d["doc_id"]: d["content_hash"] for d in docs}
+    result = {"index": str(index), "documents": len(current), "chunks": 0,
+              "deleted_documents": [], "deleted_chunks": 0}
+    if not Path(index).exists():
+        return result
+    keep = pa.table({"doc_id": pa.array(list(current), pa.string()),
+                     "doc_hash": pa.array(list(current.values()), pa.string())})
+
+    def apply(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+        if not read_meta(con):
+            return result
+        con.register("current_docs", keep)
+        con.execute("""
+            CREATE OR REPLACE TEMP TABLE stale_chunks AS
+            SELECT c.doc_id, c.position, k.doc_id IS NULL AS gone
+            FROM chunks c LEFT JOIN current_docs k ON c.doc_id = k.doc_id
+            WHERE k.doc_id IS NULL OR c.doc_hash <> k.doc_hash""")
+        stale = con.execute("SELECT doc_id, gone FROM stale_chunks").fetchall()
+        gone = sorted({doc for doc, is_gone in stale if is_gone})
+        if stale:
+            for table in ("chunks", "postings"):
+                con.execute(f"""DELETE FROM {table} WHERE EXISTS (
+                    SELECT 1 FROM stale_chunks s
+                    WHERE s.doc_id = {table}.doc_id AND s.position = {table}.position)""")
+        con.execute("DROP TABLE stale_chunks")
+        con.execute("DELETE FROM writes WHERE NOT EXISTS (SELECT 1 FROM current_docs k "
+                    "WHERE k.doc_id = writes.doc_id AND k.doc_hash = writes.doc_hash)")
+        con.unregister("current_docs")
+        total = con.execute("SELECT count(*) FROM chunks").fetchall()[0][0]
+        return {**result, "chunks": int(total), "deleted_documents": gone,
+                "deleted_chunks": len(stale)}
+
+    return transaction(index, apply, timeout=timeout)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def index_info(index: str | os.PathLike[str]) -> dict[str, Any]:
+    """Return the index's meta data and counts (documents, chunks, terms).
+
+    Raises:
+        IndexNotFoundError: no such file.
+        IndexMismatchError: the file is not a doc_index index.
+    """
+    def read(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+        meta = read_meta(con)
+        if not meta:
+            raise IndexMismatchError(f"{str(index)!r} is not a doc_index index (no meta table)")
+        docs, chunks = con.execute(
+            "SELECT count(DISTINCT doc_id), count(*) FROM chunks").fetchall()[0]
+        return {**meta, "dim": int(meta["dim"]), "documents": int(docs), "chunks": int(chunks)}
+
+    with connect(index, create=False) as con:
+        return read(con)
+
+
+def explain(index: str | os.PathLike[str], doc_id: str, position: int) -> dict[str, Any]:
+    """Item-level lineage of one chunk: where it came from and who wrote it.
+
+    Returns ``doc_id``, ``position``, ``source`` (the file), ``doc_hash``
+    (SHA-256 of the file), ``content_hash`` (SHA-256 of the chunk text),
+    ``start_char``/``end_char`` (offsets in the cleaned text), ``text``,
+    ``embedder`` and ``embedder_version``, and the ``run_id``, ``task_key``
+    and ``attempt`` of the write (with ``written_at``, UTC ISO 8601). Look the
+    run up with ``pipeline lineage RUN_ID --task TASK_KEY``.
+
+    Raises:
+        ChunkNotFoundError: no such chunk (the message says how many the document has).
+    """
+    with connect(index, create=False) as con:
+        if not read_meta(con):
+            raise IndexMismatchError(f"{str(index)!r} is not a doc_index index (no meta table)")
+        cur = con.execute("""
+            SELECT doc_id, position, source, doc_hash, content_hash, start_char, end_char,
+                   text, embedder, embedder_version, run_id, task_key, attempt,
+                   strftime(written_at, '%Y-%m-%dT%H:%M:%S.%fZ') AS written_at
+            FROM chunks WHERE doc_id = ? AND position = ?""", [doc_id, int(position)])
+        names = [d[0] for d in cur.description]
+        rows = cur.fetchall()
+        if not rows:
+            n = con.execute("SELECT count(*) FROM chunks WHERE doc_id = ?",
+                            [doc_id]).fetchall()[0][0]
+            hint = (f"it has {n} chunks (positions 0-{n - 1})" if n
+                    else "that document is not in the index")
+            raise ChunkNotFoundError(f"no chunk ({doc_id!r}, {position}) in {str(index)!r}; "
+                                     f"{hint}")
+        return dict(zip(names, rows[0], strict=True))

@@ -1,0 +1,219 @@
+"""doc_index: turn a folder of documents into a searchable, incrementally updated index.
+
+Run it (defaults: the bundled corpus, ``index.duckdb`` in the working directory,
+the fast ``hashing`` embedder)::
+
+    pipeline run recipes/doc_index/pipeline.py
+    pipeline run recipes/doc_index/pipeline.py -p source=docs/ -p index=docs.duckdb \\
+        -p embedder=minilm
+    python recipes/doc_index/doc_index_search.py index.duckdb "patent grant"
+
+Graph: ``discover`` lists the documents with their content hashes; then, one
+chain per document (keyed by its relative path), ``read -> clean -> chunk ->
+embed -> update_index``; finally ``prune`` drops the chunks of deleted or
+changed documents. Because ``discover`` returns each document's content hash,
+an unchanged document's chain has the same fingerprints as in the previous run
+and is reused from the ledger: a rerun embeds nothing, and an edit re-runs
+only the edited document's chain. ``discover`` and ``prune`` look at external
+state (the folder, the index), so they are never cached.
+
+Relative ``source`` and ``index`` paths are relative to the working directory
+of the run (resume a run from the same directory).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any, TypeVar
+
+import doc_index_store as store
+import doc_index_text as text
+import numpy as np
+import pyarrow as pa
+from ledgerflow import NonRetryableError, context, pipeline, task
+from ledgerflow.errors import InputError
+from ledgerflow_embed import encode, get_embedder
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The bundled corpus (the default ``source``).
+CORPUS = str(Path(__file__).resolve().parent / "corpus")
+
+
+def _source_hash(module: ModuleType) -> str:
+    return hashlib.sha256(inspect.getsource(module).encode()).hexdigest()
+
+
+def recipe_task(*, uses: tuple[ModuleType, ...] = (), **options: Any) -> Callable[[F], Any]:
+    """``@task`` whose code version also covers the helper modules it calls.
+
+    ledgerflow hashes only a task's own source; the text and store helpers
+    live in sibling modules, so their source is part of the version: editing
+    ``doc_index_text.py`` invalidates the cached read/clean/chunk results.
+    """
+    def wrap(fn: F) -> Any:
+        h = hashlib.sha256(inspect.getsource(fn).encode())
+        for module in uses:
+            h.update(_source_hash(module).encode())
+        return task(version=h.hexdigest()[:16], **options)(fn)
+
+    return wrap
+
+
+@recipe_task(uses=(text,), cache=False)
+def discover(source: str, exclude: list[str] | None = None) -> list[dict[str, str]]:
+    """List ``.txt .md .html .pdf`` files under ``source`` with their content hashes.
+
+    Returns ``[{doc_id, path, content_hash, format}]`` sorted by ``doc_id`` (the
+    path relative to ``source``). Never cached: it reads the folder.
+    """
+    try:
+        return text.discover_documents(source, exclude or ())
+    except FileNotFoundError as exc:
+        raise NonRetryableError(f"{exc}; pass -p source=FOLDER") from exc
+
+
+@recipe_task(uses=(text,), retries=2, retry_delay=0.2)
+def read(doc: dict[str, str]) -> dict[str, str]:
+    """Read one document's text (PDF text extracted; HTML/Markdown markup kept for clean)."""
+    path = Path(doc["path"])
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise NonRetryableError(
+            f"{doc['doc_id']} was deleted during the run; run the pipeline again") from None
+    digest = text.sha256_bytes(data)
+    if digest != doc["content_hash"]:
+        raise NonRetryableError(
+            f"{doc['doc_id']} changed after discover listed it; run the pipeline again")
+    try:
+        raw = text.extract_text(data, doc["format"])
+    except text.DocumentError as exc:
+        raise NonRetryableError(f"{doc['doc_id']}: {exc}") from exc
+    context().record_input(path.resolve().as_uri(), content_hash=digest,
+                           doc_id=doc["doc_id"], format=doc["format"], bytes=str(len(data)))
+    return {**doc, "text": raw}
+
+
+@recipe_task(uses=(text,))
+def clean(doc: dict[str, str]) -> dict[str, str]:
+    """Strip markup, NFKC-normalise and normalise whitespace."""
+    return {**doc, "text": text.clean_text(doc["text"], doc["format"])}
+
+
+@recipe_task(uses=(text,))
+def chunk(doc: dict[str, str], size: int = 800, overlap: int = 100) -> dict[str, Any]:
+    """Cut the cleaned text into overlapping chunks (whole words), each with a content hash."""
+    try:
+        chunks = text.chunk_text(doc["text"], int(size), int(overlap))
+    except ValueError as exc:
+        raise NonRetryableError(str(exc)) from exc
+    return {"doc_id": doc["doc_id"], "path": doc["path"], "doc_hash": doc["content_hash"],
+            "chunks": [c.as_dict() for c in chunks]}
+
+
+@recipe_task(uses=(store,), retries=2, retry_delay=1.0)
+def embed(doc: dict[str, Any], embedder: str = "hashing", embedder_version: str | None = None,
+          batch_size: int = 64) -> pa.Table:
+    """Embed a document's chunks in batches; return them as an Arrow table.
+
+    The embedder is built once per worker process (model loading is not
+    repeated per task). ``embedder_version``, fixed when the run starts, makes
+    the version part of the fingerprint: a new model version re-embeds.
+    """
+    emb = get_embedder(embedder)
+    if embedder_version is not None and emb.version != embedder_version:
+        raise NonRetryableError(
+            f"embedder {embedder!r} is version {emb.version} in this worker, but the run "
+            f"was started with {embedder_version}; start a new run")
+    ctx = context()
+    chunks = doc["chunks"]
+    texts = [c["text"] for c in chunks]
+    step = max(1, int(batch_size))
+    parts = []
+    for start in range(0, len(texts), step):
+        ctx.raise_if_cancelled()  # a cancel request ends the attempt between batches
+        parts.append(encode(emb, texts[start:start + step], batch_size=step))
+    matrix = np.concatenate(parts) if parts else np.zeros((0, emb.dim), np.float32)
+    flat = pa.array(matrix.astype(np.float32, copy=False).reshape(-1))
+    schema = store.vectors_schema(emb.dim).with_metadata(
+        {"doc_id": doc["doc_id"], "doc_hash": doc["doc_hash"]})
+    n = len(chunks)
+    return pa.table({
+        "doc_id": [doc["doc_id"]] * n, "doc_hash": [doc["doc_hash"]] * n,
+        "source": [doc["path"]] * n,
+        "position": [c["position"] for c in chunks],
+        "start_char": [c["start"] for c in chunks], "end_char": [c["end"] for c in chunks],
+        "text": texts, "content_hash": [c["content_hash"] for c in chunks],
+        "embedding": pa.FixedSizeListArray.from_arrays(flat, emb.dim),
+        "embedder": [emb.name] * n, "embedder_version": [emb.version] * n,
+    }, schema=schema)
+
+
+@recipe_task(uses=(store,), retries=4, retry_delay=0.5, backoff=2.0, jitter=0.2)
+def update_index(vectors: pa.Table, index: str = "index.duckdb") -> dict[str, Any]:
+    """Replace one document's chunks in the index (idempotent, one short transaction).
+
+    The task's idempotency key is stored with the write, so a retry after a
+    crash that followed the commit is a no-op: no duplicate, no missing row.
+    """
+    ctx = context()
+    provenance = store.Provenance(run_id=ctx.run_id, task_key=ctx.task_key,
+                                  attempt=ctx.attempt, idempotency_key=ctx.idempotency_key)
+    try:
+        result = store.write_document(index, vectors, provenance=provenance)
+    except store.IndexMismatchError as exc:
+        raise NonRetryableError(str(exc)) from exc
+    if result.doc_id is not None:
+        ctx.record_output(
+            f"{Path(index).resolve().as_uri()}#chunks?doc_id={result.doc_id}",
+            content_hash=store.payload_hash(vectors) if vectors.num_rows else None,
+            doc_id=result.doc_id, doc_hash=result.doc_hash or "", chunks=str(result.chunks),
+            inserted=str(result.inserted), deleted=str(result.deleted),
+            skipped=str(result.skipped).lower())
+    return {**result.as_dict(), "index": str(index)}
+
+
+@recipe_task(uses=(store,), cache=False, retries=2, retry_delay=1.0)
+def prune(index: str, docs: list[dict[str, str]]) -> dict[str, Any]:
+    """Remove the chunks of documents that were deleted (or changed and wrote fewer chunks)."""
+    result = store.prune_index(index, docs)
+    if result["deleted_chunks"]:
+        context().record_output(Path(index).resolve().as_uri() + "#chunks",
+                                deleted_chunks=str(result["deleted_chunks"]),
+                                deleted_documents=",".join(result["deleted_documents"]))
+    return result
+
+
+@pipeline
+def doc_index(source: str = CORPUS, index: str = "index.duckdb", embedder: str = "hashing",
+              chunk_size: int = 800, overlap: int = 100, batch_size: int = 64,
+              exclude: list[str] | None = None) -> dict[str, Any]:
+    """Index the documents under ``source`` into the DuckDB file ``index``.
+
+    Args:
+        source: folder (searched recursively) or single file; default: the bundled corpus.
+        index: the index file (created on first run).
+        embedder: an installed embedder name: ``hashing`` (fast, lexical) or ``minilm``.
+        chunk_size: maximum characters per chunk (a longer single word is kept whole).
+        overlap: at most this many characters repeated between consecutive chunks.
+        batch_size: texts per embedding call.
+        exclude: glob patterns of files to skip (matched on relative path and name).
+    """
+    try:
+        text.check_chunk_params(int(chunk_size), int(overlap))
+    except ValueError as exc:
+        raise InputError(str(exc), hint="e.g. -p chunk_size=800 -p overlap=100") from None
+    version = get_embedder(embedder).version  # unknown name: fails here, listing the installed
+    docs = discover(source, exclude)
+    texts = read.map(docs, key="doc_id")
+    cleaned = clean.map(texts)
+    chunks = chunk.map(cleaned, size=int(chunk_size), overlap=int(overlap))
+    vectors = embed.map(chunks, embedder=embedder, embedder_version=version,
+                        batch_size=int(batch_size))
+    written = update_index.map(vectors, index=index)
+    return prune(index, docs, after=[written])

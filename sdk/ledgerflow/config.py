@@ -1,0 +1,65 @@
+"""Settings: where the ledger lives and how runs execute.
+
+Values come from keyword arguments, then ``LEDGERFLOW_*`` environment
+variables, then defaults. No I/O beyond reading the environment.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from .errors import ConfigError
+
+DEFAULT_STORE = os.path.join(".ledgerflow", "ledger.duckdb")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """How a run is executed and recorded.
+
+    Example:
+        >>> Settings.from_env(workers=2).workers
+        2
+    """
+
+    store: str = DEFAULT_STORE
+    store_kind: str = "duckdb"
+    executor: str = "threads"
+    workers: int = 4
+    fail_fast: bool = False
+    dask_address: str | None = None
+    options: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> Settings:
+        """Build settings from ``LEDGERFLOW_*`` variables, then ``overrides``."""
+        env = os.environ
+        values: dict[str, object] = {}
+        if env.get("LEDGERFLOW_STORE"):
+            values["store"] = env["LEDGERFLOW_STORE"]
+        if env.get("LEDGERFLOW_STORE_KIND"):
+            values["store_kind"] = env["LEDGERFLOW_STORE_KIND"]
+        if env.get("LEDGERFLOW_EXECUTOR"):
+            values["executor"] = env["LEDGERFLOW_EXECUTOR"]
+        if env.get("LEDGERFLOW_WORKERS"):
+            values["workers"] = _positive_int("LEDGERFLOW_WORKERS", env["LEDGERFLOW_WORKERS"])
+        if env.get("LEDGERFLOW_DASK_ADDRESS"):
+            values["dask_address"] = env["LEDGERFLOW_DASK_ADDRESS"]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        settings = cls(**values)  # type: ignore[arg-type]
+        if settings.workers < 1:
+            raise ConfigError(f"workers must be at least 1, given: {settings.workers}",
+                              hint="pass --workers 1 or more")
+        if settings.store_kind == "duckdb" and settings.store == DEFAULT_STORE:
+            settings = replace(settings, store=str(Path.cwd() / DEFAULT_STORE))
+        return settings
+
+
+def _positive_int(name: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, given: {raw!r}",
+                          hint=f"set {name}=4 or unset it") from None

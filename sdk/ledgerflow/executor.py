@@ -1,0 +1,108 @@
+"""The executor interface, and the code that runs one attempt in a worker.
+
+An executor receives :class:`Job`\\ s and reports each one exactly once
+through ``on_complete`` with a :class:`Completion` (a misbehaving executor
+may report more; the runner rejects extras). Executors never touch the
+ledger.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from .context import RunContext, TaskCancelled, run_in_context
+from .results import Encoded, encode
+
+
+@dataclass(slots=True)
+class Job:
+    """One attempt of one task, as handed to an executor."""
+
+    id: int
+    run_id: str
+    task_key: str
+    attempt: int
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    idempotency_key: str
+    timeout: float | None = None
+    task_name: str = ""
+
+
+@dataclass(slots=True)
+class Completion:
+    """What an executor reports when an attempt ends.
+
+    ``outcome`` is ``ok``, ``error``, ``cancelled`` or ``lost``; the runner
+    itself decides ``timeout``.
+    """
+
+    job_id: int
+    outcome: str
+    value: Any = None
+    encoded: Encoded | None = None
+    error: BaseException | None = None
+    error_type: str = ""
+    error_message: str = ""
+    traceback: str = ""
+    started_at: float = 0.0
+    ended_at: float = 0.0
+    lineage: list[tuple[str, str, str | None, dict[str, str]]] = field(default_factory=list)
+    has_value: bool = True
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """What the runner needs from an executor plugin."""
+
+    name: str
+
+    def start(self, *, workers: int, on_complete: Callable[[Completion], None]) -> None:
+        """Prepare to run up to ``workers`` jobs at once."""
+
+    def submit(self, job: Job) -> None:
+        """Start ``job``; report it later through ``on_complete``."""
+
+    def cancel(self, job_id: int, *, reason: str) -> None:
+        """Stop ``job_id`` if possible (reason: ``cancel`` or ``timeout``).
+
+        Confirm with a Completion of outcome ``cancelled`` once it stopped.
+        """
+
+    def shutdown(self) -> None:
+        """Release workers; called once per drive."""
+
+
+def execute(job: Job, cancel: Callable[[], bool] | None = None, *,
+            keep_value: bool = True) -> Completion:
+    """Run ``job`` here and now; never raises (outcomes carry the errors)."""
+    ctx = RunContext(run_id=job.run_id, task_key=job.task_key, attempt=job.attempt,
+                     idempotency_key=job.idempotency_key, _cancel=cancel)
+    started = time.time()
+    try:
+        value = run_in_context(ctx, job.fn, job.args, job.kwargs)
+    except TaskCancelled:
+        return Completion(job.id, "cancelled", started_at=started, ended_at=time.time(),
+                          lineage=ctx.lineage, has_value=False)
+    except Exception as exc:
+        return Completion(job.id, "error", error=exc, error_type=type(exc).__name__,
+                          error_message=str(exc)[:2000],
+                          traceback="".join(traceback.format_exception(exc))[-8000:],
+                          started_at=started, ended_at=time.time(), lineage=ctx.lineage,
+                          has_value=False)
+    try:
+        enc = encode(value)
+    except Exception as exc:
+        return Completion(job.id, "error", error=exc, error_type=type(exc).__name__,
+                          error_message=f"result could not be serialised: {exc}",
+                          traceback="".join(traceback.format_exception(exc))[-8000:],
+                          started_at=started, ended_at=time.time(), lineage=ctx.lineage,
+                          has_value=False)
+    return Completion(job.id, "ok", value=value if keep_value else None, encoded=enc,
+                      started_at=started, ended_at=time.time(), lineage=ctx.lineage,
+                      has_value=keep_value)

@@ -1,0 +1,323 @@
+"""Run-time task instances and ready counts (no threads, no I/O).
+
+A :class:`Plan` turns the static graph into task instances. Call nodes
+become one :class:`Inst` each; ``.map`` nodes become a :class:`Group` whose
+children are created when the items are known (the source task succeeded,
+or the source fan-out expanded: chained maps are element-wise). Each
+instance counts the upstream things it still waits for, as
+``graphlib.TopologicalSorter`` does; the runner moves states and calls
+:meth:`Plan.succeeded` / :meth:`Plan.failed` to learn what became ready.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .graph import Graph, Node
+from .keys import canonical, item_key
+from .task import MapRef, TaskRef
+
+_UNSET: Any = object()
+
+
+class Inst:
+    """One task of a run: a call node, or one child of a fan-out."""
+
+    __slots__ = (
+        "attempt",
+        "dependents",
+        "enc",
+        "feeds",
+        "fp",
+        "group",
+        "has_item",
+        "hash",
+        "item",
+        "job",
+        "key",
+        "node",
+        "ref",
+        "state",
+        "up",
+        "used",
+        "value",
+        "waiting",
+    )
+
+    def __init__(self, key: str, node: Node, group: Group | None = None,
+                 item: Any = _UNSET) -> None:
+        self.key = key
+        self.node = node
+        self.group = group
+        self.item = item
+        self.has_item = item is not _UNSET
+        self.state = ""
+        self.attempt = 0
+        self.used = 0
+        self.waiting = 0
+        self.dependents: list[Inst] = []
+        self.feeds: list[Group] = []
+        self.up: list[Inst | Group] = []
+        self.value: Any = _UNSET
+        self.hash: str | None = None
+        self.enc: Any = None
+        self.ref: tuple[str, str | None, str | None] | None = None
+        self.fp: str | None = None
+        self.job: Any = None
+
+    def __repr__(self) -> str:
+        return f"<Inst {self.key} {self.state}>"
+
+
+class Group:
+    """A ``.map`` node at run time."""
+
+    __slots__ = ("children", "dependents", "expanded", "failed", "feeds", "key", "left",
+                 "node", "source")
+
+    def __init__(self, node: Node, source: Inst | Group | None) -> None:
+        self.key = node.key
+        self.node = node
+        self.source = source
+        self.expanded = False
+        self.failed = False
+        self.children: list[Inst] = []
+        self.left = 0
+        self.dependents: list[Inst] = []
+        self.feeds: list[Group] = []
+
+    @property
+    def done(self) -> bool:
+        return self.expanded and self.left == 0 and not self.failed
+
+    @property
+    def hash(self) -> str:
+        return ",".join(c.hash or "" for c in self.children)
+
+
+Resolver = Callable[[Inst], Any]
+
+
+class Plan:
+    """Instances, groups and ready counts for one drive of a run."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.insts: dict[str, Inst] = {}
+        self.groups: dict[str, Group] = {}
+        self._lits: dict[str, bytes] = {}
+
+    # -- building -----------------------------------------------------------------
+    def instantiate(self) -> list[Inst]:
+        """Create the call instances and groups; return new instances in order.
+
+        Fan-outs over literal lists expand at once.
+        """
+        created: list[Inst] = []
+        for node in self.graph.nodes.values():
+            if node.is_map:
+                src = node.source
+                source: Inst | Group | None = None
+                if isinstance(src, TaskRef):
+                    source = self._thing(src.key)
+                elif isinstance(src, MapRef):
+                    source = self.groups[src.key]
+                g = Group(node, source)
+                self.groups[node.key] = g
+                if isinstance(source, Inst):
+                    source.feeds.append(g)
+                elif isinstance(source, Group):
+                    source.feeds.append(g)
+                if source is None:
+                    created.extend(self.expand(g, list(src)))
+            else:
+                inst = Inst(node.key, node)
+                self.insts[node.key] = inst
+                inst.up = [self._thing(k) for k in node.deps]
+                created.append(inst)
+        return created
+
+    def _thing(self, key: str) -> Inst | Group:
+        inst = self.insts.get(key)
+        return inst if inst is not None else self.groups[key]
+
+    def link(self, inst: Inst) -> str | None:
+        """Count what ``inst`` waits for; return a failed upstream key, if any."""
+        node = inst.node
+        waits: list[Inst | Group] = list(inst.up)
+        waits.extend(self._thing(k) for k in node.after)
+        failed = None
+        for w in waits:
+            if isinstance(w, Inst):
+                st = w.state
+                if st == "succeeded":
+                    continue
+                if st in ("failed", "cancelled", "upstream_failed"):
+                    failed = w.key
+                    continue
+            elif w.done:
+                continue
+            elif w.failed:
+                failed = w.key
+                continue
+            inst.waiting += 1
+            w.dependents.append(inst)
+        return failed
+
+    def expand(self, g: Group, items: list[Any]) -> list[Inst]:
+        """Create ``g``'s children (and element-wise downstream groups')."""
+        node = g.node
+        g.expanded = True
+        created: list[Inst] = []
+        bdeps = [self._thing(k) for k in node.deps]
+        seen: dict[str, int] = {}
+        for item in items:
+            ik = item_key(item, node.item_key)
+            n = seen.get(ik, 0)
+            seen[ik] = n + 1
+            if n:
+                ik = f"{ik}~{n + 1}"
+            child = Inst(f"{node.key}[{ik}]", node, g, item)
+            child.up = bdeps
+            created.append(child)
+        created.extend(self._finish_expand(g, created))
+        return created
+
+    def _finish_expand(self, g: Group, children: list[Inst]) -> list[Inst]:
+        g.children = children
+        g.left = len(children)
+        for c in children:
+            self.insts[c.key] = c
+        more: list[Inst] = []
+        for fg in g.feeds:
+            more.extend(self._expand_elementwise(fg, g))
+        return more
+
+    def _expand_elementwise(self, g: Group, src: Group) -> list[Inst]:
+        node = g.node
+        g.expanded = True
+        bdeps = [self._thing(k) for k in node.deps]
+        children = []
+        prefix = len(src.key)
+        for sc in src.children:
+            child = Inst(node.key + sc.key[prefix:], node, g, _UNSET)
+            child.up = [sc, *bdeps]
+            children.append(child)
+        return children + self._finish_expand(g, children)
+
+    # -- progress -----------------------------------------------------------------
+    def succeeded(self, inst: Inst, resolve: Resolver) -> tuple[list[Inst], list[Inst]]:
+        """Record a committed success; return (now ready, newly created)."""
+        ready: list[Inst] = []
+        created: list[Inst] = []
+        for d in inst.dependents:
+            d.waiting -= 1
+            if d.waiting == 0 and d.state == "pending":
+                ready.append(d)
+        inst.dependents = []
+        for g in inst.feeds:
+            value = resolve(inst)
+            items = value if isinstance(value, list) else list(value)
+            created.extend(self.expand(g, items))
+        if inst.feeds:
+            ready.extend(self.empty_groups_done(created))
+        g = inst.group
+        if g is not None:
+            g.left -= 1
+            if g.left == 0 and not g.failed:
+                ready.extend(self._group_done(g))
+        return ready, created
+
+    def _group_done(self, g: Group) -> list[Inst]:
+        ready = []
+        for d in g.dependents:
+            d.waiting -= 1
+            if d.waiting == 0 and d.state == "pending":
+                ready.append(d)
+        g.dependents = []
+        return ready
+
+    def empty_groups_done(self, created: list[Inst]) -> list[Inst]:
+        """Complete groups that expanded to zero children; return ready instances."""
+        ready = []
+        for g in self.groups.values():
+            if g.expanded and not g.children and g.dependents:
+                ready.extend(self._group_done(g))
+        return ready
+
+    def failed(self, inst: Inst) -> list[Inst]:
+        """Return pending instances that can no longer run because ``inst`` did not succeed."""
+        doomed: list[Inst] = []
+        stack: list[Inst | Group] = [inst]
+        while stack:
+            thing = stack.pop()
+            deps = thing.dependents
+            thing.dependents = []
+            for d in deps:
+                if d.state == "pending" and d not in doomed:
+                    doomed.append(d)
+                    stack.append(d)
+            for g in thing.feeds:
+                if not g.expanded and not g.failed:
+                    g.failed = True
+                    stack.append(g)
+            if isinstance(thing, Inst) and thing.group is not None and not thing.group.failed:
+                thing.group.failed = True
+                stack.append(thing.group)
+        return doomed
+
+    # -- arguments and fingerprints -----------------------------------------------------
+    def literal_bytes(self, inst: Inst) -> bytes:
+        """Deterministic bytes of the literal arguments (refs replaced by keys)."""
+        node = inst.node
+        lit = self._lits.get(node.key)
+        if lit is None:
+            if node.args or node.kwargs:
+                lit = canonical([_keyed(node.args), _keyed(node.kwargs)])
+            else:
+                lit = b""
+            self._lits[node.key] = lit
+        if inst.has_item:
+            return lit + b"\x01" + canonical(inst.item)
+        return lit
+
+    def arguments(self, inst: Inst, resolve: Resolver) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The positional and keyword arguments of ``inst`` with results filled in."""
+        node = inst.node
+        if node.is_map:
+            first = inst.item if inst.has_item else resolve(inst.up[0])  # type: ignore[arg-type]
+            kwargs = _fill(node.kwargs, self, resolve) if node.has_refs else node.kwargs
+            return (first,), kwargs
+        if not node.has_refs:
+            return node.args, node.kwargs
+        return _fill(node.args, self, resolve), _fill(node.kwargs, self, resolve)
+
+    def group_value(self, g: Group, resolve: Resolver) -> list[Any]:
+        return [resolve(c) for c in g.children]
+
+
+def _keyed(value: Any) -> Any:
+    t = type(value)
+    if t is TaskRef or t is MapRef:
+        return {"$ref": value.key}
+    if t is list or t is tuple:
+        return [_keyed(v) for v in value]
+    if t is dict:
+        return {k: _keyed(v) for k, v in value.items()}
+    return value
+
+
+def _fill(value: Any, plan: Plan, resolve: Resolver) -> Any:
+    t = type(value)
+    if t is TaskRef:
+        return resolve(plan.insts[value.key])
+    if t is MapRef:
+        return plan.group_value(plan.groups[value.key], resolve)
+    if t is list:
+        return [_fill(v, plan, resolve) for v in value]
+    if t is tuple:
+        return tuple(_fill(v, plan, resolve) for v in value)
+    if t is dict:
+        return {k: _fill(v, plan, resolve) for k, v in value.items()}
+    return value

@@ -1,0 +1,76 @@
+"""Helpers shared by the doc_index recipe tests (also imported by child processes)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE_DIR = ROOT / "recipes" / "doc_index"
+CORPUS = RECIPE_DIR / "corpus"
+PIPELINE_FILE = RECIPE_DIR / "pipeline.py"
+SEARCH_SCRIPT = RECIPE_DIR / "doc_index_search.py"
+
+if str(RECIPE_DIR) not in sys.path:
+    sys.path.insert(0, str(RECIPE_DIR))
+
+
+def load_recipe() -> Any:
+    """The recipe's pipeline module, loaded by file path the way the kernel loads it."""
+    from ledgerflow.run import load_module
+
+    return load_module(PIPELINE_FILE)
+
+
+def build_locally(source: str | Path, index: str | Path, *, embedder: str = "hashing",
+                  size: int = 800, overlap: int = 100) -> dict[str, Any]:
+    """Index ``source`` with plain task calls (no kernel): what the pipeline does."""
+    recipe = load_recipe()
+    from ledgerflow_embed import get_embedder
+
+    version = get_embedder(embedder).version
+    docs = recipe.discover(str(source))
+    for doc in docs:
+        chunks = recipe.chunk(recipe.clean(recipe.read(doc)), size=size, overlap=overlap)
+        vectors = recipe.embed(chunks, embedder=embedder, embedder_version=version)
+        recipe.update_index(vectors, index=str(index))
+    return recipe.prune(str(index), docs)
+
+
+def make_table(doc_id: str, texts: list[str], *, doc_hash: str = "h0",
+               embedder: str = "hashing") -> Any:
+    """An ``embed``-shaped Arrow table for ``texts`` (one chunk per text)."""
+    recipe = load_recipe()
+    from doc_index_text import text_hash
+
+    chunks = []
+    start = 0
+    for i, t in enumerate(texts):
+        chunks.append({"position": i, "start": start, "end": start + len(t), "text": t,
+                       "content_hash": text_hash(t)})
+        start += len(t) + 1
+    return recipe.embed({"doc_id": doc_id, "doc_hash": doc_hash, "path": f"/docs/{doc_id}",
+                         "chunks": chunks}, embedder=embedder)
+
+
+def rows(index: str | Path, columns: str = "doc_id, position, content_hash") -> list[tuple]:
+    """All chunk rows of an index, sorted."""
+    import duckdb
+
+    con = duckdb.connect(str(index))
+    try:
+        return con.execute(f"SELECT {columns} FROM chunks ORDER BY doc_id, position").fetchall()
+    finally:
+        con.close()
+
+
+def query(index: str | Path, sql: str, params: list[Any] | None = None) -> list[tuple]:
+    """Run one SQL query against the index file."""
+    import duckdb
+
+    con = duckdb.connect(str(index))
+    try:
+        return con.execute(sql, params or []).fetchall()
+    finally:
+        con.close()
