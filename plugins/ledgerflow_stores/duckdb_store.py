@@ -63,7 +63,7 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             created_at DOUBLE, ended_at DOUBLE, token INTEGER, driver_pid INTEGER,
             driver_host VARCHAR, max_seq BIGINT)""",
         """CREATE TABLE tasks(run_id VARCHAR, task_key VARCHAR, task_name VARCHAR,
-            node VARCHAR, item_key VARCHAR, upstream VARCHAR[], code_version VARCHAR,
+            node VARCHAR, item_key VARCHAR, position INTEGER, upstream VARCHAR[], code_version VARCHAR,
             state VARCHAR, attempts INTEGER, budget_base INTEGER, started_at DOUBLE,
             ended_at DOUBLE, error VARCHAR, fingerprint VARCHAR, result_hash VARCHAR,
             result_kind VARCHAR, result_data VARCHAR, result_uri VARCHAR,
@@ -358,6 +358,12 @@ class DuckDBStore:
         try:
             with self._db(True) as con:
                 self._fold_run(con, lease.run_id)
+                state = con.execute("SELECT state FROM runs WHERE run_id = ?",
+                                    [lease.run_id]).fetchall()
+                if state and state[0][0] in ("succeeded", "failed", "cancelled"):
+                    # fully folded and finished: the journal has served its purpose
+                    for _, seg in self._segments(lease.run_id):
+                        seg.unlink(missing_ok=True)
         except StoreLockedError:
             pass   # readers add the tail; the next writer folds it
         lease_doc = self._read_lease(lease.run_id)
@@ -470,15 +476,15 @@ class DuckDBStore:
                        reason=reason or "", ended_at=ended, token=token or 0,
                        max_seq=max_seq or 0, driver_pid=pid, driver_host=host)
         rows = con.execute(
-            "SELECT task_key, task_name, node, item_key, upstream, code_version, state, "
+            "SELECT task_key, task_name, node, item_key, position, upstream, code_version, state, "
             "attempts, budget_base, started_at, ended_at, error, fingerprint, result_hash, "
             "result_kind, result_data, result_uri, result_size, cached_from, result_attempt "
             "FROM tasks WHERE run_id = ? ORDER BY rowid", [run_id]).fetchall()
         tasks = view.tasks
         for r in rows:
-            tasks[r[0]] = TaskRow(r[0], r[1], r[2], r[3], list(r[4] or ()), r[5], r[6],
-                                  r[7] or 0, r[8] or 0, r[9], r[10], r[11], r[12], r[13],
-                                  r[14], r[15], r[16], r[17] or 0, r[18], r[19] or 0)
+            tasks[r[0]] = TaskRow(r[0], r[1], r[2], r[3], r[4], list(r[5] or ()), r[6], r[7],
+                                  r[8] or 0, r[9] or 0, r[10], r[11], r[12], r[13], r[14],
+                                  r[15], r[16], r[17], r[18] or 0, r[19], r[20] or 0)
         return view, folded
 
     def get_run(self, run_id: str) -> RunView:
@@ -655,12 +661,12 @@ def _insert(con: Any, run_id: str, token: int, records: list[Any]) -> None:
         con.execute("UPDATE runs SET token = greatest(coalesce(token, 0), ?), driver_pid = ?, "
                     "driver_host = ? WHERE run_id = ?", [htoken, pid, host, run_id])
     if "T" in by:
-        t = _table(["i", "key", "name", "node", "item", "upstream", "version", "at"], by["T"],
-                   {"upstream": pa.list_(_STR), "item": _STR})
+        t = _table(["i", "key", "name", "node", "item", "pos", "upstream", "version", "at"],
+                   by["T"], {"upstream": pa.list_(_STR), "item": _STR, "pos": pa.int32()})
         con.register("lf_t", t)
-        con.execute("INSERT INTO tasks (run_id, task_key, task_name, node, item_key, upstream, "
-                    "code_version, state, attempts, budget_base) SELECT ?, key, name, node, item,"
-                    " upstream, version, 'pending', 0, 0 FROM lf_t ON CONFLICT DO NOTHING",
+        con.execute("INSERT INTO tasks (run_id, task_key, task_name, node, item_key, position, "
+                    "upstream, code_version, state, attempts, budget_base) SELECT ?, key, name, "
+                    "node, item, pos, upstream, version, 'pending', 0, 0 FROM lf_t ON CONFLICT DO NOTHING",
                     [run_id])
         con.unregister("lf_t")
     if "E" in by:

@@ -31,6 +31,7 @@ import hashlib
 import os
 import random
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -51,6 +52,11 @@ TERMS_SQL = (
     "list_transform(list_filter(regexp_split_to_array(lower({col}), '[^\\p{{L}}\\p{{N}}]+'), "
     "lambda t: length(t) > 1), lambda t: CASE WHEN length(t) > 3 AND suffix(t, 's') "
     "AND NOT suffix(t, 'ss') THEN t[1:-2] ELSE t END)")
+
+#: What the keyword index sees of a chunk: the document id (its path: folder
+#: and file name words, e.g. "licenses apache 2.0 txt") and the chunk text, so
+#: that a query naming the document matches all of its chunks.
+KEYWORD_TEXT_SQL = "(doc_id || ' ' || text)"
 
 def vectors_schema(dim: int) -> pa.Schema:
     """Arrow schema of a document's embedded chunks, as ``embed`` returns them.
@@ -239,6 +245,32 @@ def _check_or_set_meta(con: duckdb.DuckDBPyConnection, embedder: str, version: s
             f"{meta.get('embedder')} or write to a new index path")
 
 
+def open_index(index: str | os.PathLike[str], embedder: str, version: str, dim: int, *,
+               timeout: float | None = None) -> dict[str, Any]:
+    """Create the index if needed, check its embedder, and return its identity.
+
+    Returns ``{"index", "index_id", "embedder", "embedder_version", "dim"}``.
+    ``index_id`` is a random id stored in the file when it is created: a
+    deleted or replaced index file gets a new one, which is how the pipeline
+    notices that previously written documents must be written again.
+
+    Raises:
+        IndexMismatchError: the index holds another embedder's vectors.
+    """
+    def apply(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+        _check_or_set_meta(con, embedder, version, dim, str(index))
+        found = con.execute("SELECT value FROM meta WHERE key = 'index_id'").fetchall()
+        if found:
+            index_id = found[0][0]
+        else:
+            index_id = uuid.uuid4().hex
+            con.execute("INSERT INTO meta VALUES ('index_id', ?)", [index_id])
+        return {"index": str(index), "index_id": index_id, "embedder": embedder,
+                "embedder_version": version, "dim": dim}
+
+    return transaction(index, apply, timeout=timeout)
+
+
 # --------------------------------------------------------------------------- writes
 
 
@@ -269,7 +301,7 @@ def payload_hash(table: pa.Table) -> str:
 
 
 def write_document(index: str | os.PathLike[str], table: pa.Table, *,
-                   provenance: Provenance | None = None,
+                   provenance: Provenance | None = None, index_id: str | None = None,
                    timeout: float | None = None) -> WriteResult:
     """Replace one document's chunks in the index, in one short transaction.
 
@@ -288,9 +320,13 @@ def write_document(index: str | os.PathLike[str], table: pa.Table, *,
     (``b"doc_id"``); then the document's rows are removed. Otherwise nothing
     happens (``prune`` removes stale rows by document hash).
 
+    ``index_id`` (from :func:`open_index`), when given, must still be the
+    file's id: a write never lands in an index that replaced the one opened.
+
     Raises:
-        IndexMismatchError: the index holds another embedder's vectors, or
-            ``table`` mixes documents or embedders.
+        IndexMismatchError: the index holds another embedder's vectors, was
+            replaced since :func:`open_index`, or ``table`` mixes documents or
+            embedders.
         IndexLockedError: the index stayed locked too long.
     """
     prov = provenance or Provenance()
@@ -321,6 +357,12 @@ def write_document(index: str | os.PathLike[str], table: pa.Table, *,
 
     def apply(con: duckdb.DuckDBPyConnection) -> WriteResult:
         _check_or_set_meta(con, embedder, version, dim, index)
+        if index_id is not None:
+            found = con.execute("SELECT value FROM meta WHERE key = 'index_id'").fetchall()
+            if not found or found[0][0] != index_id:
+                raise IndexMismatchError(
+                    f"index {index!r} was deleted or replaced during the run; "
+                    "run the pipeline again")
         if in_run:
             done = con.execute("SELECT payload_hash FROM writes WHERE idempotency_key = ?",
                                [key]).fetchall()
@@ -352,7 +394,7 @@ def write_document(index: str | os.PathLike[str], table: pa.Table, *,
             con.unregister("incoming_all")
         if fresh:
             con.register("incoming", table.take(pa.array(fresh, pa.int64())))
-            terms = TERMS_SQL.format(col="text")
+            terms = TERMS_SQL.format(col=KEYWORD_TEXT_SQL)
             con.execute(f"""
                 INSERT INTO chunks
                 SELECT doc_id, position, text, content_hash, doc_hash, source, start_char,

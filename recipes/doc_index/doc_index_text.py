@@ -285,6 +285,17 @@ def clean_text(text: str, fmt: str = "text") -> str:
 # --------------------------------------------------------------------------- chunk
 
 
+def document_title(doc_id: str) -> str:
+    """Words naming a document, from its id: ``"licenses/apache-2.0.txt"`` -> ``"licenses apache-2.0"``.
+
+    Prefixed to every chunk before embedding so that each chunk carries the
+    context of its document (the keyword index does the same with ``doc_id``).
+    """
+    path = doc_id.rsplit(".", 1)[0] if "." in doc_id.rsplit("/", 1)[-1] else doc_id
+    return " ".join(part.replace("_", " ") for part in path.split("/") if part)
+
+
+
 @dataclass(frozen=True, slots=True)
 class Chunk:
     """A piece of a document: ``text == document[start:end]``."""

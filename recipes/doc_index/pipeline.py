@@ -8,14 +8,17 @@ the fast ``hashing`` embedder)::
         -p embedder=minilm
     python recipes/doc_index/doc_index_search.py index.duckdb "patent grant"
 
-Graph: ``discover`` lists the documents with their content hashes; then, one
-chain per document (keyed by its relative path), ``read -> clean -> chunk ->
-embed -> update_index``; finally ``prune`` drops the chunks of deleted or
-changed documents. Because ``discover`` returns each document's content hash,
-an unchanged document's chain has the same fingerprints as in the previous run
-and is reused from the ledger: a rerun embeds nothing, and an edit re-runs
-only the edited document's chain. ``discover`` and ``prune`` look at external
-state (the folder, the index), so they are never cached.
+Graph: ``open_index`` creates the index (or checks its embedder) and
+``discover`` lists the documents with their content hashes; then, one chain per
+document (keyed by its relative path), ``read -> clean -> chunk -> embed ->
+update_index``; finally ``prune`` drops the chunks of deleted or changed
+documents. Because ``discover`` returns each document's content hash, an
+unchanged document's chain has the same fingerprints as in the previous run and
+is reused from the ledger: a rerun embeds nothing, and an edit re-runs only the
+edited document's chain. ``open_index``, ``discover`` and ``prune`` look at
+external state (the index, the folder), so they are never cached; the index's
+id (from ``open_index``) is an input of ``update_index``, so a deleted or
+replaced index is rewritten in full, from the cached embeddings.
 
 Relative ``source`` and ``index`` paths are relative to the working directory
 of the run (resume a run from the same directory).
@@ -62,6 +65,20 @@ def recipe_task(*, uses: tuple[ModuleType, ...] = (), **options: Any) -> Callabl
         return task(version=h.hexdigest()[:16], **options)(fn)
 
     return wrap
+
+
+@recipe_task(uses=(store,), cache=False, retries=2, retry_delay=1.0)
+def open_index(index: str, embedder: str, embedder_version: str, dim: int) -> dict[str, Any]:
+    """Create the index if needed and check that it holds this embedder's vectors.
+
+    Never cached. Its result (with the index file's random ``index_id``) is
+    an input of every ``update_index``: if the index file was deleted or
+    replaced, all documents are written again, from the cached embeddings.
+    """
+    try:
+        return store.open_index(index, embedder, embedder_version, int(dim))
+    except store.IndexMismatchError as exc:
+        raise NonRetryableError(str(exc)) from exc
 
 
 @recipe_task(uses=(text,), cache=False)
@@ -116,11 +133,13 @@ def chunk(doc: dict[str, str], size: int = 800, overlap: int = 100) -> dict[str,
             "chunks": [c.as_dict() for c in chunks]}
 
 
-@recipe_task(uses=(store,), retries=2, retry_delay=1.0)
+@recipe_task(uses=(text, store), retries=2, retry_delay=1.0)
 def embed(doc: dict[str, Any], embedder: str = "hashing", embedder_version: str | None = None,
           batch_size: int = 64) -> pa.Table:
     """Embed a document's chunks in batches; return them as an Arrow table.
 
+    Each chunk is embedded as ``"<document title>: <chunk text>"`` (the title
+    comes from the document id), so a chunk keeps its document's context.
     The embedder is built once per worker process (model loading is not
     repeated per task). ``embedder_version``, fixed when the run starts, makes
     the version part of the fingerprint: a new model version re-embeds.
@@ -133,11 +152,13 @@ def embed(doc: dict[str, Any], embedder: str = "hashing", embedder_version: str 
     ctx = context()
     chunks = doc["chunks"]
     texts = [c["text"] for c in chunks]
+    title = text.document_title(doc["doc_id"])
+    inputs = [f"{title}: {t}" for t in texts]  # each chunk keeps its document's context
     step = max(1, int(batch_size))
     parts = []
-    for start in range(0, len(texts), step):
+    for start in range(0, len(inputs), step):
         ctx.raise_if_cancelled()  # a cancel request ends the attempt between batches
-        parts.append(encode(emb, texts[start:start + step], batch_size=step))
+        parts.append(encode(emb, inputs[start:start + step], batch_size=step))
     matrix = np.concatenate(parts) if parts else np.zeros((0, emb.dim), np.float32)
     flat = pa.array(matrix.astype(np.float32, copy=False).reshape(-1))
     schema = store.vectors_schema(emb.dim).with_metadata(
@@ -155,17 +176,20 @@ def embed(doc: dict[str, Any], embedder: str = "hashing", embedder_version: str 
 
 
 @recipe_task(uses=(store,), retries=4, retry_delay=0.5, backoff=2.0, jitter=0.2)
-def update_index(vectors: pa.Table, index: str = "index.duckdb") -> dict[str, Any]:
+def update_index(vectors: pa.Table, index: str = "index.duckdb",
+                 opened: dict[str, Any] | None = None) -> dict[str, Any]:
     """Replace one document's chunks in the index (idempotent, one short transaction).
 
     The task's idempotency key is stored with the write, so a retry after a
     crash that followed the commit is a no-op: no duplicate, no missing row.
+    ``opened`` is the result of ``open_index`` (the write checks the index id).
     """
     ctx = context()
     provenance = store.Provenance(run_id=ctx.run_id, task_key=ctx.task_key,
                                   attempt=ctx.attempt, idempotency_key=ctx.idempotency_key)
     try:
-        result = store.write_document(index, vectors, provenance=provenance)
+        result = store.write_document(index, vectors, provenance=provenance,
+                                      index_id=opened["index_id"] if opened else None)
     except store.IndexMismatchError as exc:
         raise NonRetryableError(str(exc)) from exc
     if result.doc_id is not None:
@@ -208,12 +232,13 @@ def doc_index(source: str = CORPUS, index: str = "index.duckdb", embedder: str =
         text.check_chunk_params(int(chunk_size), int(overlap))
     except ValueError as exc:
         raise InputError(str(exc), hint="e.g. -p chunk_size=800 -p overlap=100") from None
-    version = get_embedder(embedder).version  # unknown name: fails here, listing the installed
+    emb = get_embedder(embedder)  # an unknown name fails here, listing the installed ones
+    opened = open_index(index, emb.name, emb.version, emb.dim)
     docs = discover(source, exclude)
     texts = read.map(docs, key="doc_id")
     cleaned = clean.map(texts)
     chunks = chunk.map(cleaned, size=int(chunk_size), overlap=int(overlap))
-    vectors = embed.map(chunks, embedder=embedder, embedder_version=version,
+    vectors = embed.map(chunks, embedder=embedder, embedder_version=emb.version,
                         batch_size=int(batch_size))
-    written = update_index.map(vectors, index=index)
+    written = update_index.map(vectors, index=index, opened=opened)
     return prune(index, docs, after=[written])

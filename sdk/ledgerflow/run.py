@@ -75,6 +75,7 @@ _MEMORY_STORES: dict[str, RunStore] = {}
 
 def _settings(store: str | None, executor: object, workers: int | None,
               fail_fast: bool | None, **extra: Any) -> Settings:
+    extra = {k: v for k, v in extra.items() if v is not None}
     kw: dict[str, Any] = {"workers": workers, "fail_fast": fail_fast}
     if isinstance(executor, str):
         kw["executor"] = executor
@@ -212,8 +213,9 @@ class Run:
         if t is TaskRef:
             return self._task_value(value.key, view)
         if t is MapRef:
-            prefix = value.key + "["
-            return [self._task_value(k, view) for k in view.tasks if k.startswith(prefix)]
+            kids = [r for r in view.tasks.values() if r.node == value.key and r.position is not None]
+            kids.sort(key=lambda r: r.position or 0)
+            return [self._task_value(r.key, view) for r in kids]
         if t is list or t is tuple:
             return t(self._fill(v, view) for v in value)
         if t is dict:
@@ -250,9 +252,10 @@ class Run:
 def start(pipe: Pipeline[..., Any], args: Sequence[Any], params: dict[str, Any], *,
           store: str | None = None, executor: object = None, workers: int | None = None,
           fail_fast: bool | None = None, wait: bool = True, run_id: str | None = None,
-          target: str | None = None, progress: Any = None) -> Run:
+          target: str | None = None, progress: Any = None,
+          cancel_event: threading.Event | None = None, dask_address: str | None = None) -> Run:
     """Validate, record and drive a new run of ``pipe`` (see :meth:`Pipeline.run`)."""
-    settings = _settings(store, executor, workers, fail_fast)
+    settings = _settings(store, executor, workers, fail_fast, dask_address=dask_address)
     values = pipe.bind(*args, **params)
     graph = pipe.build(**values)                      # validation before anything is written
     ex = make_executor(executor if executor is not None and not isinstance(executor, str)
@@ -265,19 +268,19 @@ def start(pipe: Pipeline[..., Any], args: Sequence[Any], params: dict[str, Any],
          json.dumps({"executor": getattr(ex, "name", str(ex)), "workers": settings.workers}))
     lease = st.create_run(run_id, [d, driver_header(1), ("S", "running", "", created)])
     return _drive(pipe, graph, st, ex, settings, run_id, lease, None, cache, wait, False,
-                  progress)
+                  progress, cancel_event)
 
 
 def _drive(pipe: Pipeline[..., Any], graph: Graph, st: RunStore, ex: Executor,
            settings: Settings, run_id: str, lease: Any, prior: RunView | None,
            cache: dict[str, tuple[Any, ...]], wait: bool, resumed: bool,
-           progress: Any) -> Run:
+           progress: Any, cancel_event: threading.Event | None = None) -> Run:
     pm = get_plugin_manager()
     hook = pm.hook.ledgerflow_task_state_changed
     runner = Runner(graph=graph, store=st, executor=ex, settings=settings, run_id=run_id,
                     lease=lease, prior=prior, cache=cache,
                     hook_changed=hook if hook.get_hookimpls() else None,
-                    on_change=progress)
+                    on_change=progress, cancel_event=cancel_event)
     try:
         pm.hook.ledgerflow_run_start(run_id=run_id, pipeline=pipe.name, resumed=resumed)
     except Exception:
@@ -288,13 +291,14 @@ def _drive(pipe: Pipeline[..., Any], graph: Graph, st: RunStore, ex: Executor,
 
 def resume(run_id: str, *, store: str | None = None, executor: object = None,
            workers: int | None = None, fail_fast: bool | None = None, wait: bool = True,
-           pipeline: Pipeline[..., Any] | None = None, progress: Any = None) -> Run:
+           pipeline: Pipeline[..., Any] | None = None, progress: Any = None,
+           cancel_event: threading.Event | None = None, dask_address: str | None = None) -> Run:
     """Continue ``run_id``: keep its successes, retry lost tasks, reset failed ones.
 
     Raises:
         NotResumableError: the run succeeded, or its driver is still alive.
     """
-    settings = _settings(store, executor, workers, fail_fast)
+    settings = _settings(store, executor, workers, fail_fast, dask_address=dask_address)
     st = _store_for(settings)
     view = st.get_run(run_id)
     if view.state == "succeeded":
@@ -309,7 +313,7 @@ def resume(run_id: str, *, store: str | None = None, executor: object = None,
     cache = st.cache_lookup(sorted({n.task.name for n in graph if n.task.options.cache}))
     st.append(lease, [driver_header(lease.token), ("S", "running", "resumed", time.time())])
     return _drive(pipe, graph, st, ex, settings, run_id, lease, prior, cache, wait, True,
-                  progress)
+                  progress, cancel_event)
 
 
 def plan_resume(run_id: str, *, store: str | None = None) -> list[tuple[str, str, str]]:
@@ -406,6 +410,9 @@ def load_target(target: str) -> Pipeline[..., Any]:
         len(target) > 1 and target[1] == ":" and target.count(":") == 1) else (target, "", "")
     if not path:
         path, name = target, ""
+    if path.endswith((".json", ".toml")):
+        from .spec import load_spec
+        return load_spec(path)
     if path.endswith(".py") or os.sep in path:
         module = load_module(path)
     else:
@@ -444,7 +451,7 @@ def run(target: Pipeline[..., Any] | str, /, *args: Any, params: dict[str, Any] 
 
 def _abs_target(target: str) -> str:
     path, sep, name = target.partition(":")
-    if path.endswith(".py"):
+    if path.endswith((".py", ".json", ".toml")):
         return str(Path(path).resolve()) + sep + name
     return target
 

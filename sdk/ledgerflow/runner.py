@@ -128,7 +128,7 @@ class Runner:
             if row is None:
                 self.buf.append(("T", inst.key, inst.node.task.name, inst.node.key,
                                  None if inst.group is None else inst.key[len(inst.node.key):],
-                                 [getattr(u, "key", "") for u in inst.up],
+                                 inst.pos, [getattr(u, "key", "") for u in inst.up],
                                  inst.node.task.version, now))
                 self._move(inst, "pending", "")
             else:
@@ -302,7 +302,7 @@ class Runner:
         inst.attempt += 1
         inst.used += 1
         self.next_job += 1
-        job = Job(self.next_job, self.run_id, inst.key, inst.attempt, node.task.fn, args,
+        job = Job(self.next_job, self.run_id, inst.key, inst.attempt, node.task, args,
                   kwargs, digest((self.idem_prefix + inst.key).encode()), opts.timeout,
                   node.task.name)
         inst.job = job

@@ -37,6 +37,7 @@ class Inst:
         "job",
         "key",
         "node",
+        "pos",
         "ref",
         "state",
         "up",
@@ -52,6 +53,7 @@ class Inst:
         self.group = group
         self.item = item
         self.has_item = item is not _UNSET
+        self.pos: int | None = None
         self.state = ""
         self.attempt = 0
         self.used = 0
@@ -187,7 +189,8 @@ class Plan:
     def _finish_expand(self, g: Group, children: list[Inst]) -> list[Inst]:
         g.children = children
         g.left = len(children)
-        for c in children:
+        for i, c in enumerate(children):
+            c.pos = i
             self.insts[c.key] = c
         more: list[Inst] = []
         for fg in g.feeds:

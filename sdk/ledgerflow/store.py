@@ -21,7 +21,7 @@ from .results import Encoded
 RECORD_KINDS: dict[str, tuple[str, ...]] = {
     "D": ("run_id", "pipeline", "target", "params", "created_at", "options"),
     "H": ("token", "pid", "host", "at"),
-    "T": ("key", "task_name", "node", "item_key", "upstream", "code_version", "at"),
+    "T": ("key", "task_name", "node", "item_key", "position", "upstream", "code_version", "at"),
     "E": ("seq", "key", "attempt", "from_state", "to_state", "reason", "at"),
     "A": ("key", "attempt", "outcome", "started_at", "ended_at", "error_type",
           "error_message", "traceback"),
@@ -43,6 +43,7 @@ class TaskRow:
     task_name: str = ""
     node: str = ""
     item_key: str | None = None
+    position: int | None = None
     upstream: list[str] = field(default_factory=list)
     code_version: str = ""
     state: str = "pending"
@@ -133,11 +134,11 @@ def apply(view: RunView, records: Iterable[Sequence[Any]]) -> RunView:
             if seq > view.max_seq:
                 view.max_seq = seq
         elif kind == "T":
-            _, key, name, node, item, upstream, version, _at = rec
+            _, key, name, node, item, pos, upstream, version, _at = rec
             row = tasks.get(key)
             if row is None:
                 row = tasks[key] = TaskRow(key)
-            row.task_name, row.node, row.item_key = name, node, item
+            row.task_name, row.node, row.item_key, row.position = name, node, item, pos
             row.upstream, row.code_version = list(upstream), version
         elif kind == "A":
             _, key, attempt, outcome, _s, _e, etype, emsg, _tb = rec

@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ledgerflow import hookimpl
+
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE_DIR = ROOT / "recipes" / "doc_index"
 CORPUS = RECIPE_DIR / "corpus"
@@ -74,3 +76,58 @@ def query(index: str | Path, sql: str, params: list[Any] | None = None) -> list[
         return con.execute(sql, params or []).fetchall()
     finally:
         con.close()
+
+
+class SlowHashing:
+    """The hashing embedder, slowed down, under the name ``slow-hashing`` (crash tests).
+
+    Each ``embed`` call appends a line to ``$DOC_INDEX_TEST_MARKER`` (if set)
+    and sleeps ``$DOC_INDEX_TEST_DELAY`` seconds (default 0).
+    """
+
+    name = "slow-hashing"
+    dim = 384
+
+    def __init__(self) -> None:
+        from ledgerflow_embed.hashing import HashingEmbedder
+
+        self._inner = HashingEmbedder()
+        self.version = "slow+" + self._inner.version
+
+    def embed(self, texts: list[str]) -> Any:
+        import os
+        import time
+
+        marker = os.environ.get("DOC_INDEX_TEST_MARKER")
+        if marker:
+            with open(marker, "a") as f:
+                f.write(f"{len(texts)}\n")
+        time.sleep(float(os.environ.get("DOC_INDEX_TEST_DELAY", "0")))
+        return self._inner.embed(texts)
+
+
+class SlowHashingPlugin:
+    """Registers :class:`SlowHashing` with the ledgerflow plugin manager."""
+
+    @hookimpl
+    def ledgerflow_embedder_names(self) -> list[str]:
+        return ["slow-hashing"]
+
+    @hookimpl
+    def ledgerflow_make_embedder(self, name: str) -> SlowHashing | None:
+        return SlowHashing() if name == "slow-hashing" else None
+
+
+def register_slow_hashing() -> Any:
+    """Register the ``slow-hashing`` embedder in this process; return the plugin object."""
+    from ledgerflow.plugins import get_plugin_manager
+    from ledgerflow_embed import embedder_names
+
+    embedder_names()  # the embedder hooks exist from here on
+    pm = get_plugin_manager()
+    existing = pm.get_plugin("test_slow_hashing")
+    if existing is not None:
+        return existing
+    plugin = SlowHashingPlugin()
+    pm.register(plugin, name="test_slow_hashing")
+    return plugin
