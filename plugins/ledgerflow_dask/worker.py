@@ -14,6 +14,7 @@ it, which costs a set lookup and no network round trip.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import threading
 import time
@@ -47,9 +48,17 @@ def is_cancelled(key: str) -> bool:
     return key in _CANCELLED
 
 
-def run_job(payload: bytes, job_id: int, key: str) -> bytes:
-    """Run the pickled job; return its pickled Completion (never raises)."""
+def run_job(payload: bytes, job_id: int, key: str, topic: str | None = None) -> bytes:
+    """Run the pickled job; return its pickled Completion (never raises).
+
+    With ``topic`` set, announce the start first, so the driver notices when
+    a scheduler silently runs the job again after its worker died.
+    """
     started = time.time()
+    if topic:
+        with contextlib.suppress(Exception):
+            from distributed import get_worker
+            get_worker().log_event(topic, (job_id, started))
     if key in _CANCELLED:           # cancelled or abandoned before it started
         return _dump(Completion(job_id, "cancelled", started_at=started, ended_at=started,
                                 has_value=False))

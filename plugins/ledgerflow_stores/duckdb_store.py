@@ -86,10 +86,11 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             PRIMARY KEY(run_id, token))""",
         """CREATE VIEW lineage AS
             SELECT t.run_id, t.task_key, t.result_attempt AS attempt, 'input' AS direction,
-                   'task:' || u.up AS uri, ut.result_hash AS content_hash,
+                   'task:' || ut.task_key AS uri, ut.result_hash AS content_hash,
                    t.code_version, NULL::VARCHAR AS attrs
             FROM tasks t, unnest(t.upstream) AS u(up)
-            LEFT JOIN tasks ut ON ut.run_id = t.run_id AND ut.task_key = u.up
+            JOIN tasks ut ON ut.run_id = t.run_id AND (ut.task_key = u.up
+                 OR (ut.node = u.up AND ut.position IS NOT NULL))
             UNION ALL
             SELECT run_id, task_key, result_attempt, 'output', 'task:' || task_key,
                    result_hash, code_version, NULL FROM tasks WHERE state = 'succeeded'

@@ -140,15 +140,22 @@ def lineage_rows(view: RunView, artifacts: Iterable[Sequence[Any]],
                  task_key: str | None) -> list[dict[str, Any]]:
     """Upstream results read, the result produced, and recorded artifacts."""
     out: list[dict[str, Any]] = []
+    children: dict[str, list[Any]] = {}
+    for row in view.tasks.values():
+        if row.position is not None:
+            children.setdefault(row.node, []).append(row)
     for row in view.tasks.values():
         if task_key is not None and row.key != task_key:
             continue
         for up in row.upstream:
-            src = view.tasks.get(up)
-            out.append({"task_key": row.key, "attempt": row.result_attempt,
-                        "direction": "input", "uri": f"task:{up}",
-                        "content_hash": src.result_hash if src else None,
-                        "code_version": row.code_version, "attrs": {}})
+            # an upstream fan-out stands for all its children, in item order
+            srcs = [view.tasks[up]] if up in view.tasks else sorted(
+                children.get(up, []), key=lambda r: r.position)
+            for src in srcs:
+                out.append({"task_key": row.key, "attempt": row.result_attempt,
+                            "direction": "input", "uri": f"task:{src.key}",
+                            "content_hash": src.result_hash,
+                            "code_version": row.code_version, "attrs": {}})
         if row.state == "succeeded":
             out.append({"task_key": row.key, "attempt": row.result_attempt,
                         "direction": "output", "uri": f"task:{row.key}",

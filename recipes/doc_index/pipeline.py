@@ -37,8 +37,7 @@ import doc_index_store as store
 import doc_index_text as text
 import numpy as np
 import pyarrow as pa
-from ledgerflow import NonRetryableError, context, pipeline, task
-from ledgerflow.errors import InputError
+from ledgerflow import InputError, NonRetryableError, context, pipeline, task
 from ledgerflow_embed import encode, get_embedder
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -238,7 +237,8 @@ def doc_index(source: str = CORPUS, index: str = "index.duckdb", embedder: str =
     texts = read.map(docs, key="doc_id")
     cleaned = clean.map(texts)
     chunks = chunk.map(cleaned, size=int(chunk_size), overlap=int(overlap))
+    # after=[opened]: nothing is embedded when the index cannot take these vectors
     vectors = embed.map(chunks, embedder=embedder, embedder_version=emb.version,
-                        batch_size=int(batch_size))
+                        batch_size=int(batch_size), after=[opened])
     written = update_index.map(vectors, index=index, opened=opened)
     return prune(index, docs, after=[written])

@@ -268,6 +268,7 @@ def run(target: str, params: tuple[str, ...], store: str | None, executor: str |
     pipe = api.load_target(target)
     values = _convert(pipe, params)
     graph = pipe.build(**values)            # validate before anything is written
+    api.check_executor(executor)
     run_id = api.new_run_id()
     if not as_json:
         click.echo(f"run {run_id}  pipeline {pipe.name}  ({len(graph)} steps)")
@@ -313,10 +314,11 @@ def resume(run_id: str, plan: bool, store: str | None, executor: str | None,
             if action != "reuse":
                 click.echo(f"  {action:<6} {key}: {why}")
         return
-    if not as_json:
-        click.echo(f"run {run_id}  resuming")
+    api.check_executor(executor)
     st = api._store_for(api._settings(store, None, None, None))
     total = len(st.get_run(run_id).tasks)
+    if not as_json:
+        click.echo(f"run {run_id}  resuming")
 
     def start(cancel: threading.Event, progress: Any) -> api.Run:
         return api.resume(run_id, store=store, executor=executor, workers=workers,

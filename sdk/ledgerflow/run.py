@@ -57,6 +57,17 @@ def open_store(settings: Settings) -> RunStore:
     return store  # type: ignore[no-any-return]
 
 
+def check_executor(name: str | None) -> None:
+    """Raise PluginError unless an executor plugin offers ``name``."""
+    if name is None:
+        return
+    pm = get_plugin_manager()
+    names = sorted({n for ns in pm.hook.ledgerflow_executor_names() for n in ns})
+    if name not in names:
+        raise PluginError(f"executor {name!r} not found; installed: " + ", ".join(names),
+                          hint="install a plugin that provides it, or use --executor threads")
+
+
 def make_executor(name: str | Executor, settings: Settings) -> Executor:
     """Build the executor called ``name`` (or pass an instance through)."""
     if not isinstance(name, str):

@@ -131,6 +131,8 @@ class Plan:
                     source.feeds.append(g)
                 elif isinstance(source, Group):
                     source.feeds.append(g)
+                    if source.expanded:   # over a literal list: already expanded above
+                        created.extend(self._expand_elementwise(g, source))
                 if source is None:
                     created.extend(self.expand(g, list(src)))
             else:

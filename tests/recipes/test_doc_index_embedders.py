@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -28,12 +29,13 @@ def test_hashing_vectors_are_normalised_and_deterministic() -> None:
 
 
 def test_hashing_is_the_same_in_another_process() -> None:
-    code = ("from ledgerflow_embed.hashing import HashingEmbedder; "
-            "print(repr(HashingEmbedder().embed(['patent grant of the license'])[0].tolist()))")
+    code = ("import json; from ledgerflow_embed.hashing import HashingEmbedder; "
+            "print(json.dumps(HashingEmbedder().embed(['patent grant of the license'])[0]"
+            ".tolist()))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120)
     here = HashingEmbedder().embed(["patent grant of the license"])[0].tolist()
-    assert eval(out.stdout) == here  # noqa: S307 - our own repr of a float list
+    assert json.loads(out.stdout) == here
 
 
 def test_hashing_similarity_follows_word_overlap() -> None:

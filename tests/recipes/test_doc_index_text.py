@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import random
 import re
 from pathlib import Path
@@ -101,7 +102,7 @@ def test_decode_falls_back_for_legacy_encodings() -> None:
 
 
 def test_clean_unicode_nfkc_and_whitespace() -> None:
-    raw = "ﬁne  Ｆｕｌｌ\u00a0width\tand\u200b zero\r\nwidth\n\n\n\nnext   para \x07"
+    raw = "\ufb01ne  \uff26\uff55\uff4c\uff4c\u00a0width\tand\u200b zero\r\nwidth\n\n\n\nnext   para \x07"
     assert text.clean_text(raw) == "fine Full width and zero width\n\nnext para"
 
 
@@ -184,7 +185,7 @@ def test_chunk_overlap_repeats_trailing_words() -> None:
     source = " ".join(f"w{i:03d}" for i in range(200))
     chunks = text.chunk_text(source, size=100, overlap=30)
     _check_chunks(source, chunks, 100, 30)
-    for prev, nxt in zip(chunks, chunks[1:], strict=False):
+    for prev, nxt in itertools.pairwise(chunks):
         shared = prev.end - nxt.start
         assert 20 <= shared <= 30  # as many whole words as fit in 30 characters
         assert prev.text.endswith(nxt.text[:shared])

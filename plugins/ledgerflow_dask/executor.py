@@ -1,0 +1,400 @@
+"""The ``dask`` executor: run attempts on a Dask ``distributed`` cluster.
+
+By default it starts a private ``LocalCluster`` (worker processes, one thread
+each, bound to 127.0.0.1) and closes it in :meth:`DaskExecutor.shutdown`;
+with ``settings.dask_address`` / ``LEDGERFLOW_DASK_ADDRESS`` it connects to an
+existing scheduler instead and leaves it running.
+
+How the kernel's contract maps onto Dask:
+
+* one :class:`~ledgerflow.executor.Job` = one Dask task with a unique key,
+  submitted with ``retries=0``; the job travels as cloudpickle bytes and the
+  :class:`~ledgerflow.executor.Completion` comes back the same way (the
+  driver alone writes the ledger);
+* a worker that dies mid-task: the private cluster's scheduler has
+  ``allowed_failures=0``, so the task ends in ``KilledWorker`` and is
+  reported ``lost`` (the runner retries within the task's budget). On a
+  scheduler that would re-run it by itself, each worker announces the jobs
+  it starts; a second start of the same job reports the first one ``lost``
+  and stops the re-run;
+* ``cancel(job_id, reason)`` marks the job cancelled in every worker process
+  (``context().cancel_requested`` turns true, and a job that has not started
+  never runs). For ``reason="cancel"`` the future is also cancelled after
+  ``cancel_grace`` seconds unless the task stopped by itself, and reported
+  ``cancelled``. Dask cannot stop a running Python thread: a task that
+  ignores the request keeps its worker thread busy until it returns (its
+  result is then dropped). For ``reason="timeout"`` the future is left
+  alone, so the late result, if it comes, reaches the runner, which rejects
+  it and records a notice;
+* each job id is reported at most once: the first report removes the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import re
+import secrets
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import cloudpickle
+from ledgerflow.config import Settings
+from ledgerflow.errors import ConfigError, PluginError
+from ledgerflow.executor import Completion, Job
+
+from .worker import load_completion, mark_cancelled, run_job
+
+log = logging.getLogger("ledgerflow.dask")
+
+_STOP = ("stop",)
+_NAME = re.compile(r"[^A-Za-z0-9_.]+")
+
+
+@dataclass(slots=True)
+class _Entry:
+    """A submitted job: its future, Dask key and bookkeeping."""
+
+    future: Any
+    key: str
+    submitted: float
+    payload: Any = None            # a scattered payload future, kept alive with the job
+    cancel_reason: str | None = None
+    starts: int = 0
+
+
+class DaskExecutor:
+    """Runs jobs as Dask tasks on a local or remote ``distributed`` cluster.
+
+    Args:
+        address: scheduler address (``tcp://host:8786``); None starts a LocalCluster.
+        client: an existing ``distributed.Client`` to use (not closed at shutdown).
+        n_workers: worker processes of the local cluster (default: min(workers, cores)).
+        cancel_grace: seconds a cancelled running task gets to stop by itself
+            before its future is cancelled and the job reported ``cancelled``.
+        scatter_above: payloads larger than this many bytes are scattered to the
+            workers first instead of travelling inside the task graph.
+        ship_modules: module names whose code is pickled by value (for modules
+            the workers cannot import); pipeline files loaded by path always are.
+        connect_timeout: seconds to wait for a remote scheduler.
+        cluster_kwargs: extra keyword arguments for ``LocalCluster``.
+    """
+
+    name = "dask"
+
+    def __init__(self, address: str | None = None, *, client: Any = None,
+                 n_workers: int | None = None, cancel_grace: float = 1.0,
+                 scatter_above: int = 1 << 20, ship_modules: Iterable[str] = (),
+                 connect_timeout: float = 10.0,
+                 cluster_kwargs: dict[str, Any] | None = None) -> None:
+        self.address = address
+        self.n_workers = n_workers
+        self.cancel_grace = cancel_grace
+        self.scatter_above = scatter_above
+        self.ship_modules = tuple(ship_modules)
+        self.connect_timeout = connect_timeout
+        self.cluster_kwargs = dict(cluster_kwargs or {})
+        self.client: Any = client
+        self.cluster: Any = None
+        self._own_client = False
+        self._done: Callable[[Completion], None] | None = None
+        self._jobs: dict[int, _Entry] = {}
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._deadlines: dict[int, float] = {}
+        self._thread: threading.Thread | None = None
+        self._token = secrets.token_hex(4)
+        self._topic: str | None = None
+        self._shipped: set[str] = set()
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> DaskExecutor:
+        """Build from settings (``dask_address``; options ``dask_cancel_grace``...)."""
+        opts = settings.options
+        return cls(settings.dask_address,
+                   cancel_grace=float(opts.get("dask_cancel_grace", 1.0)),
+                   connect_timeout=float(opts.get("dask_connect_timeout", 10.0)),
+                   ship_modules=[m for m in opts.get("dask_ship_modules", "").split(",") if m])
+
+    # -- connecting ---------------------------------------------------------------------
+    def connect(self, workers: int = 2) -> Any:
+        """Connect to the scheduler or start the local cluster; return the client."""
+        if self.client is not None:
+            return self.client
+        try:
+            from distributed import Client, LocalCluster
+        except ImportError as exc:
+            raise PluginError(f"the dask executor needs dask.distributed: {exc}",
+                              hint="pip install 'ledgerflow[dask]'") from None
+        if self.address:
+            try:
+                self.client = Client(self.address, timeout=self.connect_timeout,
+                                     set_as_default=False)
+            except Exception as exc:
+                raise ConfigError(
+                    f"cannot reach the Dask scheduler at {self.address}: {exc}",
+                    hint="start one (dask scheduler --host 127.0.0.1) or drop --dask-address "
+                    "to use a local cluster") from None
+        else:
+            n = self.n_workers or max(1, min(workers, os.cpu_count() or 1))
+            kwargs: dict[str, Any] = {
+                "n_workers": n, "threads_per_worker": 1, "processes": True,
+                "host": "127.0.0.1", "dashboard_address": "127.0.0.1:0",
+                "scheduler_kwargs": {"allowed_failures": 0},
+                "silence_logs": logging.ERROR,
+            }
+            kwargs.update(self.cluster_kwargs)
+            self.cluster = LocalCluster(**kwargs)
+            self.client = Client(self.cluster, set_as_default=False)
+        self._own_client = True
+        return self.client
+
+    def _watch_restarts(self) -> None:
+        """Turn on start announcements if the scheduler re-runs tasks of dead workers."""
+        try:
+            allowed = self.client.run_on_scheduler(_allowed_failures)
+        except Exception:   # cannot tell: be safe
+            allowed = 1
+        if not allowed:
+            return
+        self._topic = f"ledgerflow-start-{self._token}"
+        self.client.subscribe_topic(self._topic, self._on_start_event)
+
+    # -- the Executor protocol ----------------------------------------------------------
+    def start(self, *, workers: int, on_complete: Callable[[Completion], None]) -> None:
+        """Connect (or start the local cluster) and the reporting thread."""
+        self._done = on_complete
+        self.connect(workers)
+        self._watch_restarts()
+        self._thread = threading.Thread(target=self._control, name="ledgerflow-dask",
+                                        daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        """Send ``job`` to the cluster as one Dask task."""
+        client = self.client
+        self._ship(job.fn)
+        payload: Any = cloudpickle.dumps(job, protocol=5)
+        key = f"{_NAME.sub('_', job.task_name or 'task')}-{self._token}-{job.id}"
+        scattered = None
+        if len(payload) > self.scatter_above:
+            payload = scattered = client.scatter(payload, hash=False, direct=False)
+        fut = client.submit(run_job, payload, job.id, key, self._topic, key=key, pure=False,
+                            retries=0)
+        with self._lock:
+            self._jobs[job.id] = _Entry(fut, key, time.time(), scattered)
+        fut.add_done_callback(partial(self._on_done, job.id))
+
+    def cancel(self, job_id: int, *, reason: str) -> None:
+        """Ask ``job_id`` to stop (never blocks; see the module docstring)."""
+        self._queue.put(("cancel", job_id, reason))
+
+    def shutdown(self) -> None:
+        """Stop reporting, drop what is left, close what this executor started."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(_STOP)
+            thread.join(30)
+        self._done = None
+        with self._lock:
+            left, self._jobs = list(self._jobs.values()), {}
+        client = self.client
+        if client is not None and left:
+            with contextlib.suppress(Exception):
+                client.run(mark_cancelled, [e.key for e in left], on_error="ignore")
+            with contextlib.suppress(Exception):
+                client.cancel([e.future for e in left], reason="ledgerflow shutdown")
+        if self._topic and client is not None:
+            with contextlib.suppress(Exception):
+                client.unsubscribe_topic(self._topic)
+        if self._own_client:
+            self.client = None
+            self._own_client = False
+            with contextlib.suppress(Exception):
+                client.close()
+            if self.cluster is not None:
+                cluster, self.cluster = self.cluster, None
+                with contextlib.suppress(Exception):
+                    cluster.close()
+
+    # -- worker process ids (tests and diagnostics) -------------------------------------
+    def worker_pids(self) -> dict[str, int]:
+        """``{worker address: pid}`` of the connected workers."""
+        return dict(self.client.run(os.getpid))
+
+    # -- internals ----------------------------------------------------------------------
+    def _ship(self, fn: Callable[..., Any]) -> None:
+        """Pickle a pipeline module by value if the workers may not import it."""
+        name = getattr(fn, "__module__", None) or ""
+        if name in self._shipped:
+            return
+        self._shipped.add(name)
+        mod = sys.modules.get(name)
+        if mod is None or name == "__main__":
+            return
+        if getattr(mod, "__ledgerflow_file__", None) or name in self.ship_modules:
+            cloudpickle.register_pickle_by_value(mod)
+
+    def _on_done(self, job_id: int, _fut: Any) -> None:
+        self._queue.put(("done", job_id))
+
+    def _on_start_event(self, event: tuple[float, Any]) -> None:
+        self._queue.put(("started", *event[1]))
+
+    def _control(self) -> None:
+        """The reporting thread: batch results, apply cancels, detect lost jobs."""
+        q = self._queue
+        while True:
+            wait = 0.5
+            if self._deadlines:
+                wait = max(0.0, min(self._deadlines.values()) - time.monotonic())
+            batch: list[tuple[Any, ...]] = []
+            with contextlib.suppress(queue.Empty):
+                batch.append(q.get(timeout=wait))
+                while True:
+                    batch.append(q.get_nowait())
+            try:
+                self._handle(batch)
+            except Exception:   # a broken connection must not kill the reporter silently
+                log.exception("dask executor: reporting failed")
+            if _STOP in batch:
+                return
+
+    def _handle(self, batch: list[tuple[Any, ...]]) -> None:
+        done: list[int] = []
+        marks: list[str] = []
+        lost: list[int] = []
+        now = time.monotonic()
+        for item in batch:
+            kind = item[0]
+            if kind == "done":
+                done.append(item[1])
+            elif kind == "cancel":
+                _, job_id, reason = item
+                entry = self._jobs.get(job_id)
+                if entry is None:
+                    continue
+                entry.cancel_reason = reason
+                marks.append(entry.key)
+                if reason != "timeout":
+                    self._deadlines[job_id] = now + self.cancel_grace
+            elif kind == "started":
+                entry = self._jobs.get(item[1])
+                if entry is not None:
+                    entry.starts += 1
+                    if entry.starts > 1:
+                        lost.append(item[1])
+        if marks:
+            self.client.run(mark_cancelled, marks, on_error="ignore")
+        if done:
+            self._collect(done)
+        if lost:
+            self._lose(lost, "the Dask worker running it was lost; Dask started it again, "
+                       "that re-run was stopped")
+        expired = [j for j, t in self._deadlines.items() if t <= time.monotonic()]
+        for j in expired:
+            del self._deadlines[j]
+        self._hard_cancel([j for j in expired if j in self._jobs])
+
+    def _collect(self, job_ids: list[int]) -> None:
+        from distributed.scheduler import KilledWorker
+
+        finished: list[tuple[int, _Entry]] = []
+        for job_id in job_ids:
+            entry = self._jobs.get(job_id)
+            if entry is None:
+                continue
+            status = entry.future.status
+            if status == "finished":
+                finished.append((job_id, entry))
+            elif status == "error":
+                exc = entry.future.exception()
+                if isinstance(exc, KilledWorker):
+                    self._lose([job_id], f"the Dask worker running it died ({exc})")
+                else:
+                    self._report(job_id, _failure(job_id, entry, exc))
+            elif status == "cancelled":
+                if entry.cancel_reason is not None:
+                    self._report(job_id, _stopped(job_id, entry))
+                else:
+                    self._lose([job_id], "Dask dropped the task (scheduler or worker lost)")
+            elif status == "lost":
+                self._lose([job_id], "the result was lost with its Dask worker")
+        if not finished:
+            return
+        try:
+            values = self.client.gather([e.future for _, e in finished])
+        except Exception:
+            values = [self._one(e) for _, e in finished]
+        for (job_id, entry), data in zip(finished, values, strict=True):
+            if data is None:
+                self._lose([job_id], "the result was lost with its Dask worker")
+                continue
+            try:
+                c = load_completion(data)
+            except Exception as exc:
+                c = _failure(job_id, entry, exc, "the result could not be loaded")
+            self._report(job_id, c)
+
+    def _one(self, entry: _Entry) -> Any:
+        try:
+            return entry.future.result(timeout=30)
+        except Exception:
+            return None
+
+    def _lose(self, job_ids: list[int], why: str) -> None:
+        entries = []
+        for job_id in job_ids:
+            entry = self._jobs.get(job_id)
+            if entry is None:
+                continue
+            entries.append(entry)
+            self._report(job_id, Completion(job_id, "lost", error_type="WorkerLost",
+                                            error_message=why, started_at=entry.submitted,
+                                            ended_at=time.time(), has_value=False))
+        if entries:     # stop anything Dask may still be re-running for them
+            with contextlib.suppress(Exception):
+                self.client.run(mark_cancelled, [e.key for e in entries], on_error="ignore")
+            with contextlib.suppress(Exception):
+                self.client.cancel([e.future for e in entries], reason="ledgerflow: lost")
+
+    def _hard_cancel(self, job_ids: list[int]) -> None:
+        entries = [(j, self._jobs[j]) for j in job_ids if j in self._jobs]
+        if not entries:
+            return
+        with contextlib.suppress(Exception):
+            self.client.cancel([e.future for _, e in entries], reason="ledgerflow cancel")
+        for job_id, entry in entries:
+            self._report(job_id, _stopped(job_id, entry))
+
+    def _report(self, job_id: int, c: Completion) -> None:
+        with self._lock:
+            entry = self._jobs.pop(job_id, None)
+        self._deadlines.pop(job_id, None)
+        done = self._done
+        if entry is not None and done is not None:
+            done(c)
+
+
+def _allowed_failures(dask_scheduler: Any) -> int:
+    """How often the scheduler re-runs a task whose worker died (runs on the scheduler)."""
+    return int(dask_scheduler.allowed_failures)
+
+
+def _stopped(job_id: int, entry: _Entry) -> Completion:
+    return Completion(job_id, "cancelled", started_at=entry.submitted, ended_at=time.time(),
+                      has_value=False)
+
+
+def _failure(job_id: int, entry: _Entry, exc: BaseException | None,
+             what: str = "Dask could not run it") -> Completion:
+    return Completion(job_id, "error", error=exc, error_type=type(exc).__name__,
+                      error_message=f"{what}: {exc}"[:2000], started_at=entry.submitted,
+                      ended_at=time.time(), has_value=False)

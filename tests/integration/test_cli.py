@@ -1,0 +1,161 @@
+"""CLI output, exit codes and Error/Hint lines (click's CliRunner, in process)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ledgerflow.cli import main
+
+FLOW = """
+from ledgerflow import task, pipeline
+
+@task
+def square(x: int) -> int:
+    return x * x
+
+@task
+def total(xs: list) -> int:
+    return sum(xs)
+
+@pipeline
+def squares(n: int = 3, scale: float = 1.0, loud: bool = False):
+    return total(square.map(list(range(n))))
+"""
+
+
+def _digest(path: str) -> str | None:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest() if os.path.exists(path) else None
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+def test_run_status_runs_json(runner: CliRunner, write_flow, ledger: str) -> None:
+    flow = write_flow(FLOW)
+    res = runner.invoke(main, ["run", flow, "-p", "n=4", "--store", ledger, "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert set(doc) >= {"run_id", "pipeline", "state", "tasks"}
+    assert doc["state"] == "succeeded" and len(doc["tasks"]) == 5
+    assert set(doc["tasks"][0]) >= {"key", "task", "state", "attempts", "started_at",
+                                    "ended_at", "error"}
+    res = runner.invoke(main, ["status", doc["run_id"], "--store", ledger, "--json"])
+    assert json.loads(res.output)["run_id"] == doc["run_id"]
+    res = runner.invoke(main, ["runs", "--store", ledger, "--json"])
+    assert json.loads(res.output)[0]["run_id"] == doc["run_id"]
+    res = runner.invoke(main, ["lineage", doc["run_id"], "--task", "total", "--store", ledger,
+                               "--json"])
+    rows = json.loads(res.output)
+    assert any(r["uri"] == "task:square[0]" and r["direction"] == "input" for r in rows)
+    res = runner.invoke(main, ["run", flow, "--store", ledger])
+    assert res.exit_code == 0
+    assert res.output.splitlines()[0].startswith("run ")
+    res = runner.invoke(main, ["graph", flow, "--format", "mermaid"])
+    assert res.exit_code == 0 and "flowchart TD" in res.output
+    res = runner.invoke(main, ["plugins"])
+    assert "executor:threads" in res.output and "store:duckdb" in res.output
+
+
+BAD_INPUTS = {
+    "missing file": (["run", "{tmp}/nope.py"], "pipeline file not found"),
+    "syntax error": (["run", "{syntax}"], "syntax error in"),
+    "import-time exception": (["run", "{boom}"], "ZeroDivisionError"),
+    "unknown pipeline": (["run", "{flow}:nope"], "has no pipeline 'nope'"),
+    "unknown parameter": (["run", "{flow}", "-p", "zz=1"], "has no parameter 'zz'"),
+    "malformed parameter": (["run", "{flow}", "-p", "n"], "is not key=value"),
+    "wrongly typed parameter": (["run", "{flow}", "-p", "n=three"], "must be int"),
+    "wrong bool": (["run", "{flow}", "-p", "loud=maybe"], "must be bool"),
+    "unknown executor": (["run", "{flow}", "--executor", "ray"], "executor 'ray' not found"),
+    "unknown run id": (["status", "nope"], "no run 'nope'"),
+    "resume unknown run": (["resume", "nope"], "no run 'nope'"),
+    "cycle": (["run", "{cycle}"], "cycle in pipeline"),
+    "workers zero": (["run", "{flow}", "--workers", "0"], "0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_exits_2_with_error_and_leaves_ledger_alone(
+        case: str, runner: CliRunner, write_flow, ledger: str, tmp_path: Path) -> None:
+    flow = write_flow(FLOW)
+    runner.invoke(main, ["run", flow, "--store", ledger])       # a ledger to protect
+    before = _digest(ledger)
+    names = {
+        "tmp": str(tmp_path), "flow": flow,
+        "syntax": write_flow("def broken(:\n", "syntax.py"),
+        "boom": write_flow("x = 1 / 0\n", "boom.py"),
+        "cycle": str(_cycle_spec(tmp_path)),
+    }
+    args = [a.format(**names) for a in BAD_INPUTS[case][0]] + ["--store", ledger]
+    res = runner.invoke(main, args)
+    assert res.exit_code == 2, res.output
+    assert BAD_INPUTS[case][1] in res.output
+    assert "Traceback" not in res.output
+    if case != "workers zero":
+        assert res.output.startswith("Error: ") and "\nHint: " in res.output
+    assert _digest(ledger) == before
+
+
+def _cycle_spec(tmp: Path) -> Path:
+    mod = tmp / "cycle_tasks.py"
+    mod.write_text("from ledgerflow import task\n@task\ndef a():\n    return 1\n")
+    spec = tmp / "cycle.json"
+    spec.write_text(json.dumps({"tasks": {
+        "x": {"task": "cycle_tasks:a", "after": ["y"]},
+        "y": {"task": "cycle_tasks:a", "after": ["x"]}}}))
+    return spec
+
+
+def test_garbage_ledger_is_refused_and_unchanged(runner: CliRunner, write_flow,
+                                                 tmp_path: Path) -> None:
+    bad = tmp_path / "garbage.duckdb"
+    bad.write_bytes(b"not a database" * 100)
+    before = _digest(str(bad))
+    res = runner.invoke(main, ["run", write_flow(FLOW), "--store", str(bad)])
+    assert res.exit_code == 2 and "not a ledgerflow ledger" in res.output
+    res = runner.invoke(main, ["runs", "--store", str(bad)])
+    assert res.exit_code == 2
+    assert _digest(str(bad)) == before
+
+
+def test_newer_schema_is_refused_and_unchanged(runner: CliRunner, write_flow,
+                                               ledger: str) -> None:
+    import duckdb
+    runner.invoke(main, ["run", write_flow(FLOW), "--store", ledger])
+    con = duckdb.connect(ledger)
+    con.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    con.close()
+    before = _digest(ledger)
+    res = runner.invoke(main, ["runs", "--store", ledger])
+    assert res.exit_code == 2 and "schema version 99" in res.output and "Hint:" in res.output
+    res = runner.invoke(main, ["run", write_flow(FLOW), "--store", ledger])
+    assert res.exit_code == 2
+    assert _digest(ledger) == before
+
+
+def test_failed_run_exits_1_and_resume_plan(runner: CliRunner, write_flow, ledger: str) -> None:
+    flow = write_flow("""
+        from ledgerflow import task, pipeline
+        @task
+        def ok() -> int:
+            return 1
+        @task
+        def bad(x: int) -> int:
+            raise ValueError("broken")
+        @pipeline
+        def p():
+            return bad(ok())
+    """)
+    res = runner.invoke(main, ["run", flow, "--store", ledger, "--json"])
+    assert res.exit_code == 1
+    run_id = json.loads(res.output)["run_id"]
+    res = runner.invoke(main, ["resume", run_id, "--plan", "--store", ledger, "--json"])
+    plan = {r["key"]: r["action"] for r in json.loads(res.output)}
+    assert plan == {"ok": "reuse", "bad": "rerun"}

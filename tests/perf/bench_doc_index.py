@@ -1,0 +1,219 @@
+"""Benchmark: the doc_index pipeline vs a plain Python loop doing the same work.
+
+Measures documents/s and chunks/s for
+
+* ``loop``: a plain ``for`` loop calling the recipe's functions directly
+  (discover, then per document read, clean, chunk, embed, write to the index);
+* ``pipeline``: ``ledgerflow.run(doc_index, ...)`` — the same functions as tasks,
+  with a durable ledger, threads executor, cache lookups and lineage;
+* ``rerun``: the pipeline again on the unchanged corpus (everything cached),
+
+on the bundled corpus and on a generated corpus (default 2,000 documents), with the
+``hashing`` and ``minilm`` embedders. The model is loaded before timing starts (its
+load time is reported separately). Prints a table and writes JSON.
+
+    python tests/perf/bench_doc_index.py                        # everything (minutes)
+    python tests/perf/bench_doc_index.py --embedders hashing --docs 500
+    python tests/perf/bench_doc_index.py --out perf-results-doc_index.json
+
+Not part of the default test run (the file name does not match ``test_*.py``);
+``pytest tests/perf/bench_doc_index.py`` runs a small smoke version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE_DIR = ROOT / "recipes" / "doc_index"
+PIPELINE_FILE = RECIPE_DIR / "pipeline.py"
+CORPUS = RECIPE_DIR / "corpus"
+if str(RECIPE_DIR) not in sys.path:
+    sys.path.insert(0, str(RECIPE_DIR))
+
+
+def generate_corpus(dest: Path, n_docs: int, seed: int = 0) -> Path:
+    """Write ``n_docs`` documents (about 1.5 KB each; 80% text, 20% Markdown) to ``dest``.
+
+    Sentences are drawn from the bundled corpus, so the text is real prose with
+    a realistic vocabulary; the same seed gives the same files.
+    """
+    import doc_index_text as text
+
+    sentences: list[str] = []
+    for doc in text.discover_documents(CORPUS):
+        if doc["format"] == "pdf":
+            continue
+        raw = text.extract_text(Path(doc["path"]).read_bytes(), doc["format"])
+        cleaned = text.clean_text(raw, doc["format"])
+        sentences += [s.strip() for s in re.split(r"(?<=[.!?])\s+", cleaned)
+                      if 40 <= len(s.strip()) <= 300]
+    rng = random.Random(seed)
+    dest.mkdir(parents=True, exist_ok=True)
+    for i in range(n_docs):
+        paragraphs = [" ".join(rng.choices(sentences, k=rng.randint(2, 4)))
+                      for _ in range(rng.randint(2, 4))]
+        folder = dest / f"part{i // 250:02d}"
+        folder.mkdir(exist_ok=True)
+        if i % 5 == 4:
+            body = f"# Document {i}\n\n" + "\n\n".join(f"* {p}" for p in paragraphs)
+            (folder / f"doc{i:05d}.md").write_text(body + "\n", encoding="utf-8")
+        else:
+            (folder / f"doc{i:05d}.txt").write_text("\n\n".join(paragraphs) + "\n",
+                                                    encoding="utf-8")
+    return dest
+
+
+def _count_chunks(index: Path) -> int:
+    import duckdb
+
+    con = duckdb.connect(str(index))
+    try:
+        return int(con.execute("SELECT count(*) FROM chunks").fetchall()[0][0])
+    finally:
+        con.close()
+
+
+def plain_loop(source: Path, index: Path, embedder: str) -> dict[str, Any]:
+    """The same work as the pipeline, as a plain loop over the recipe's functions."""
+    from ledgerflow.run import load_module
+    from ledgerflow_embed import get_embedder
+
+    recipe = load_module(PIPELINE_FILE)
+    emb = get_embedder(embedder)
+    start = time.perf_counter()
+    opened = recipe.open_index(str(index), emb.name, emb.version, emb.dim)
+    docs = recipe.discover(str(source))
+    for doc in docs:
+        chunks = recipe.chunk(recipe.clean(recipe.read(doc)))
+        vectors = recipe.embed(chunks, embedder=embedder, embedder_version=emb.version)
+        recipe.update_index(vectors, index=str(index), opened=opened)
+    recipe.prune(str(index), docs)
+    return {"seconds": time.perf_counter() - start, "documents": len(docs),
+            "chunks": _count_chunks(index)}
+
+
+def pipeline_run(source: Path, index: Path, store: Path, embedder: str,
+                 workers: int | None) -> dict[str, Any]:
+    """``ledgerflow.run`` of the recipe; returns time, counts and how many tasks ran."""
+    import ledgerflow
+
+    start = time.perf_counter()
+    run = ledgerflow.run(str(PIPELINE_FILE), source=str(source), index=str(index),
+                         store=str(store), embedder=embedder, workers=workers)
+    seconds = time.perf_counter() - start
+    if run.state != "succeeded":
+        raise RuntimeError(f"run {run.run_id} ended {run.state}")
+    tasks = run.tasks()
+    result = run.result()
+    return {"seconds": seconds, "documents": result["documents"],
+            "chunks": _count_chunks(index), "tasks": len(tasks),
+            "executed": sum(1 for t in tasks if not t["cached"]), "run_id": run.run_id}
+
+
+def bench(corpus_name: str, source: Path, embedder: str, workers: int | None,
+          work: Path) -> list[dict[str, Any]]:
+    """Loop, pipeline and cached rerun on one corpus with one embedder."""
+    out = []
+    tag = f"{corpus_name}-{embedder}"
+    loop = plain_loop(source, work / f"{tag}-loop.duckdb", embedder)
+    out.append({"corpus": corpus_name, "embedder": embedder, "variant": "loop", **loop})
+    store = work / f"{tag}-ledger.duckdb"
+    first = pipeline_run(source, work / f"{tag}-pipeline.duckdb", store, embedder, workers)
+    out.append({"corpus": corpus_name, "embedder": embedder, "variant": "pipeline", **first})
+    again = pipeline_run(source, work / f"{tag}-pipeline.duckdb", store, embedder, workers)
+    out.append({"corpus": corpus_name, "embedder": embedder, "variant": "rerun", **again})
+    for row in out:
+        row["docs_per_s"] = row["documents"] / row["seconds"]
+        row["chunks_per_s"] = row["chunks"] / row["seconds"]
+        row["vs_loop"] = row["seconds"] / loop["seconds"]
+    return out
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """A plain-text table of the results."""
+    head = (f"{'corpus':<10} {'embedder':<8} {'variant':<9} {'docs':>6} {'chunks':>7} "
+            f"{'seconds':>8} {'docs/s':>9} {'chunks/s':>9} {'x loop':>7} {'ran':>6}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        ran = f"{r['executed']}/{r['tasks']}" if "tasks" in r else ""
+        print(f"{r['corpus']:<10} {r['embedder']:<8} {r['variant']:<9} {r['documents']:>6} "
+              f"{r['chunks']:>7} {r['seconds']:>8.2f} {r['docs_per_s']:>9.1f} "
+              f"{r['chunks_per_s']:>9.1f} {r['vs_loop']:>7.2f} {ran:>6}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; print a table and write JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--docs", type=int, default=2000, help="generated corpus size")
+    parser.add_argument("--embedders", default="hashing,minilm",
+                        help="comma-separated embedder names (default hashing,minilm)")
+    parser.add_argument("--corpora", default="bundled,generated",
+                        help="which corpora: bundled, generated (default both)")
+    parser.add_argument("--workers", type=int, default=None, help="pipeline workers")
+    parser.add_argument("--out", default="perf-results-doc_index.json", help="JSON output")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    args = parser.parse_args(argv)
+
+    from ledgerflow_embed import encode, get_embedder
+
+    work = Path(tempfile.mkdtemp(prefix="bench_doc_index_"))
+    results: list[dict[str, Any]] = []
+    loads: dict[str, float] = {}
+    try:
+        corpora = {}
+        if "bundled" in args.corpora:
+            corpora["bundled"] = CORPUS
+        if "generated" in args.corpora:
+            start = time.perf_counter()
+            corpora[f"gen{args.docs}"] = generate_corpus(work / "generated", args.docs)
+            print(f"generated {args.docs} documents in {time.perf_counter() - start:.1f}s")
+        for name in args.embedders.split(","):
+            start = time.perf_counter()
+            encode(get_embedder(name), ["warm up"])  # load the model before timing
+            loads[name] = time.perf_counter() - start
+            for corpus_name, source in corpora.items():
+                rows = bench(corpus_name, source, name, args.workers, work)
+                results += rows
+                print_table(rows)
+                print()
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print("all results:")
+    print_table(results)
+    print("model load seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in loads.items()))
+    report = {"machine": {"python": platform.python_version(), "platform": platform.platform(),
+                          "cpus": os.cpu_count()},
+              "model_load_seconds": loads, "results": results}
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def test_bench_doc_index_smoke(tmp_path: Path) -> None:
+    """A tiny run of the benchmark (only when this file is passed to pytest explicitly)."""
+    out = tmp_path / "bench.json"
+    assert main(["--docs", "40", "--embedders", "hashing", "--corpora", "generated",
+                 "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    variants = {r["variant"]: r for r in report["results"]}
+    assert variants["loop"]["documents"] == variants["pipeline"]["documents"] == 40
+    assert variants["loop"]["chunks"] == variants["pipeline"]["chunks"]
+    assert variants["rerun"]["executed"] == 3  # open_index, discover, prune
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
