@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -49,6 +49,7 @@ import cloudpickle
 from ledgerflow.config import Settings
 from ledgerflow.errors import ConfigError, PluginError
 from ledgerflow.executor import Completion, Job
+from ledgerflow.task import Task
 
 from .worker import load_completion, mark_cancelled, run_job
 
@@ -180,6 +181,8 @@ class DaskExecutor:
     def submit(self, job: Job) -> None:
         """Send ``job`` to the cluster as one Dask task."""
         client = self.client
+        if isinstance(job.fn, Task):    # ship the plain function: it pickles by value
+            job = replace(job, fn=job.fn.fn)
         self._ship(job.fn)
         payload: Any = cloudpickle.dumps(job, protocol=5)
         key = f"{_NAME.sub('_', job.task_name or 'task')}-{self._token}-{job.id}"

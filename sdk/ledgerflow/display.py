@@ -177,7 +177,7 @@ def svg_graph(nodes: Sequence[tuple[str, str, bool]], edges: Sequence[tuple[str,
     labels = {k: label for k, label, _ in nodes}
     maps = {k for k, _, m in nodes if m}
     rows = layers([k for k, _, _ in nodes], edges)
-    char_w, box_h, gap_x, gap_y, pad = 7.2, 24, 18, 36, 10
+    char_w, box_h, gap_x, gap_y, pad = 7.2, 24.0, 18.0, 36.0, 10.0
     width_of = {k: max(48.0, len(labels[k]) * char_w + 16) for k in labels}
     row_w = [sum(width_of[k] for k in row) + gap_x * (len(row) - 1) for row in rows]
     total_w = max(row_w) + 2 * pad + 6
