@@ -49,6 +49,9 @@ class Graph:
     nodes: dict[str, Node] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     output: Any = None
+    #: Traced bodies cannot form cycles (a reference exists only after its call);
+    #: spec files can, so only they pay for the cycle search.
+    may_cycle: bool = False
 
     def __iter__(self) -> Iterator[Node]:
         return iter(self.nodes.values())
@@ -70,7 +73,7 @@ class Graph:
                 if up not in self.nodes:
                     problems.append(f"task {node.key!r} depends on unknown task {up!r}")
         problems = sorted(dict.fromkeys(problems))
-        cycle = self.find_cycle()
+        cycle = self.find_cycle() if self.may_cycle else None
         if cycle:
             raise CycleError(cycle, problems=[*problems, "cycle: " + " -> ".join(cycle)])
         if problems:

@@ -91,7 +91,7 @@ class SpecPipeline(Pipeline[..., Any]):
         self.path = path
 
     def build(self, *args: Any, **params: Any) -> Graph:
-        graph = Graph(self.name)
+        graph = Graph(self.name, may_cycle=True)
         problems = graph.problems
         for key, entry in self.tasks.items():
             if not isinstance(entry, dict) or "task" not in entry:

@@ -24,10 +24,6 @@ from ledgerflow_dask import DaskExecutor
 pytestmark = [
     pytest.mark.dask,
     pytest.mark.timeout(120),
-    # distributed closes sockets and clusters from its own threads when workers die
-    pytest.mark.filterwarnings("ignore::ResourceWarning"),
-    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
-    pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning"),
 ]
 
 
@@ -327,6 +323,8 @@ def test_remote_scheduler_by_address_and_restart_guard(
     outcomes = [a["outcome"] for a in run.attempts()]
     assert "lost" in outcomes, outcomes
     assert outcomes.count("ok") == 8
+    lost = [a["error_message"] for a in run.attempts() if a["outcome"] == "lost"]
+    assert any("Dask started it again" in m for m in lost), lost
 
 
 def test_unreachable_scheduler_is_a_clear_error(store: str) -> None:
