@@ -55,8 +55,12 @@ def _code_bytes(code: types.CodeType | None) -> bytes:
         return b""
     parts = [code.co_code, repr(code.co_names).encode(), repr(code.co_varnames).encode()]
     for const in code.co_consts:
-        parts.append(_code_bytes(const) if isinstance(const, types.CodeType)
-                     else repr(const).encode())
+        if isinstance(const, types.CodeType):
+            parts.append(_code_bytes(const))
+        elif isinstance(const, frozenset):   # set literals: order depends on the hash seed
+            parts.append(repr(sorted(repr(c) for c in const)).encode())
+        else:
+            parts.append(repr(const).encode())
     return b"\x00".join(parts)
 
 

@@ -25,7 +25,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 RUN_OPTIONS = frozenset({"store", "executor", "workers", "fail_fast", "wait", "settings",
-                         "run_id"})
+                         "run_id", "progress"})
 
 #: Pipelines defined in this process, by name (resume looks here first).
 REGISTRY: dict[str, Pipeline[..., Any]] = {}
@@ -164,14 +164,15 @@ class Pipeline(Generic[P, R]):
 
     def run(self, *args: Any, store: str | None = None, executor: object = None,
             workers: int | None = None, fail_fast: bool | None = None,
-            wait: bool = True, run_id: str | None = None, **params: Any) -> Run:
+            wait: bool = True, run_id: str | None = None, progress: Any = None,
+            **params: Any) -> Run:
         """Start a run of this pipeline and return its :class:`~ledgerflow.run.Run`.
 
         With ``wait=False`` the run is driven in a background thread.
         """
         from .run import start
         return start(self, args, params, store=store, executor=executor, workers=workers,
-                     fail_fast=fail_fast, wait=wait, run_id=run_id)
+                     fail_fast=fail_fast, wait=wait, run_id=run_id, progress=progress)
 
     def graph(self, *args: Any, **params: Any) -> Graph:
         """Return the static graph for ``params`` (alias of :meth:`build`)."""

@@ -452,11 +452,12 @@ def load_target(target: str) -> Pipeline[..., Any]:
 
 def run(target: Pipeline[..., Any] | str, /, *args: Any, params: dict[str, Any] | None = None,
         store: str | None = None, executor: object = None, workers: int | None = None,
-        fail_fast: bool | None = None, wait: bool = True, **kwparams: Any) -> Run:
+        fail_fast: bool | None = None, wait: bool = True, progress: Any = None,
+        **kwparams: Any) -> Run:
     """Run a pipeline object or ``FILE.py[:NAME]`` target; return the :class:`Run`."""
     pipe = load_target(target) if isinstance(target, str) else target
     return start(pipe, args, {**(params or {}), **kwparams}, store=store, executor=executor,
-                 workers=workers, fail_fast=fail_fast, wait=wait,
+                 workers=workers, fail_fast=fail_fast, wait=wait, progress=progress,
                  target=_abs_target(target) if isinstance(target, str) else None)
 
 

@@ -96,7 +96,10 @@ class Runner:
             except Exception:  # observers must never break a run
                 log.exception("ledgerflow_task_state_changed hook failed")
         if self.on_change is not None:
-            self.on_change(inst.key, old, target)
+            try:
+                self.on_change(inst.key, old, target)
+            except Exception:  # a progress display must never break a run
+                log.exception("progress callback failed")
 
     def _note(self, key: str, attempt: int, kind: str, message: str) -> None:
         log.warning("run %s task %s attempt %d: %s", self.run_id, key, attempt, message)

@@ -171,8 +171,6 @@ def keep(word):
 """
 
 
-@pytest.mark.xfail(reason="keys._code_bytes uses repr() of frozenset constants, whose order "
-                   "depends on PYTHONHASHSEED (kernel fix requested)", strict=False)
 def test_code_version_of_set_literals_is_stable_across_interpreters() -> None:
     code = ("import types; from ledgerflow.keys import code_version\n"
             "m = types.ModuleType('__main__')\n"
