@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from ledgerflow.cli import main
 
 FLOW = """

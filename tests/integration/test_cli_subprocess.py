@@ -195,3 +195,25 @@ def items(xs: list):
     doc = json.loads(res.stdout)
     cached = {t["key"] for t in doc["tasks"] if t["cached"]}
     assert cached == {"fan[1]", "fan[2]", "double[1]", "double[2]"}
+
+
+def test_ctrl_c_cancels_and_leaves_a_resumable_run(tmp_path: Path) -> None:
+    flow = tmp_path / "flow.py"
+    flow.write_text(CHAIN)
+    ledger = str(tmp_path / "ledger.duckdb")
+    env = _env(tmp_path, STEP_DELAY="0.2")
+    proc, run_id = _start(["run", f"{flow}:chain", "-p", "n=30", "--store", ledger], env)
+    side = tmp_path / "side"
+    deadline = time.time() + 30
+    while time.time() < deadline and len(_counts(side)) < 3:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert "cancelling" in err and "Traceback" not in err
+    assert _status(run_id, ledger, env)["state"] == "cancelled"
+    res = subprocess.run([*PIPELINE, "resume", run_id, "--store", ledger], capture_output=True,
+                         text=True, env={**env, "STEP_DELAY": "0"}, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert _status(run_id, ledger, env)["state"] == "succeeded"
+    assert max(_counts(side).values()) <= 2

@@ -6,11 +6,10 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-from ledgerflow_executors.mock import MockExecutor
-
 import ledgerflow
+import pytest
 from ledgerflow import NonRetryableError, context, pipeline, task
+from ledgerflow_executors.mock import MockExecutor
 
 
 def _log(path: Path, name: str, event: str) -> None:

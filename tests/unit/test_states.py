@@ -3,7 +3,6 @@ from __future__ import annotations
 import itertools
 
 import pytest
-
 from ledgerflow.errors import InvalidTransitionError
 from ledgerflow.states import (
     RESETTABLE,
