@@ -641,7 +641,7 @@ def _read_lines(path: Path, start: int) -> tuple[list[bytes], int]:
 
 
 def _table(names: Sequence[str], rows: list[Any], types: dict[str, pa.DataType]) -> pa.Table:
-    cols = list(zip(*rows)) if rows else [[] for _ in names]
+    cols = list(zip(*rows, strict=True)) if rows else [[] for _ in names]
     return pa.table({n: pa.array(list(c), type=types.get(n)) for n, c in zip(names, cols, strict=True)})
 
 

@@ -14,7 +14,8 @@ As a command::
 * ``vector``: cosine similarity between the query's embedding and every chunk's
   (``array_cosine_similarity``, brute force). The query is embedded with the
   embedder the index was built with, read from the index.
-* ``keyword``: Okapi BM25 (k1=1.2, b=0.75) over the ``postings`` table, in SQL.
+* ``keyword``: Okapi BM25 (k1=1.2, b=0.75) over the ``postings`` table, in SQL
+  (terms as :func:`doc_index_text.index_terms` makes them, for chunks and query alike).
 * ``hybrid``: reciprocal rank fusion of both rankings,
   ``score = sum(1 / (60 + rank))`` over the top candidates of each.
 """
@@ -25,12 +26,12 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import doc_index_store as store
+from doc_index_text import index_terms
 
 MODES = ("hybrid", "vector", "keyword")
 BM25_K1 = 1.2
@@ -96,7 +97,7 @@ def search(index: str | os.PathLike[str], query: str, k: int = 5, mode: str = "h
         ranked = vector_hits
     else:
         ranked = _fuse([keyword_hits, vector_hits])
-    terms = _query_terms(query)
+    terms = index_terms(query)
     return [Hit(rank, doc_id, position, score, snippet(text, terms, snippet_chars))
             for rank, (doc_id, position, score, text) in enumerate(ranked[:k], start=1)]
 
@@ -140,9 +141,11 @@ def _cosine(con: Any, vector: list[float], dim: int, limit: int) -> list[Row]:
 
 
 def _bm25(con: Any, query: str, limit: int) -> list[Row]:
-    terms = store.TERMS_SQL.format(col="?")
+    terms = sorted(set(index_terms(query)))
+    if not terms:
+        return []
     rows = con.execute(f"""
-        WITH q AS (SELECT DISTINCT unnest({terms}) AS term),
+        WITH q AS (SELECT DISTINCT unnest(?::VARCHAR[]) AS term),
         stats AS (SELECT count(*) AS n, avg(n_terms) AS avgdl FROM chunks),
         df AS (SELECT p.term, count(*) AS df FROM postings p JOIN q USING (term)
                GROUP BY p.term),
@@ -160,7 +163,7 @@ def _bm25(con: Any, query: str, limit: int) -> list[Row]:
         SELECT s.doc_id, s.position, s.score, c.text
         FROM scored s JOIN chunks c ON c.doc_id = s.doc_id AND c.position = s.position
         ORDER BY s.score DESC, s.doc_id, s.position
-        LIMIT ?""", [query, limit]).fetchall()
+        LIMIT ?""", [terms, limit]).fetchall()
     return [(d, p, float(s), t) for d, p, s, t in rows]
 
 
@@ -175,12 +178,6 @@ def _fuse(rankings: list[list[Row]]) -> list[Row]:
             texts[key] = text
     order = sorted(scores, key=lambda key: (-scores[key], key))
     return [(d, p, scores[(d, p)], texts[(d, p)]) for d, p in order]
-
-
-def _query_terms(query: str) -> list[str]:
-    words = re.findall(r"[^\W_]{2,}", query.lower())
-    return [w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w
-            for w in words]
 
 
 def snippet(text: str, terms: list[str], width: int = 200) -> str:

@@ -32,6 +32,7 @@ import os
 import random
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,23 +41,20 @@ from typing import Any, TypeVar
 
 import duckdb
 import pyarrow as pa
+from doc_index_text import index_terms
 
 SCHEMA_VERSION = 1
 T = TypeVar("T")
 
-#: How words become index terms, as a SQL expression over ``{col}``: lowercase,
-#: split on anything that is not a letter or digit, drop 1-letter words, and
-#: strip a plural "s" ("patents" -> "patent", but "class" stays). Used at
-#: write time for ``postings`` and at query time for the query, so both agree.
-TERMS_SQL = (
-    "list_transform(list_filter(regexp_split_to_array(lower({col}), '[^\\p{{L}}\\p{{N}}]+'), "
-    "lambda t: length(t) > 1), lambda t: CASE WHEN length(t) > 3 AND suffix(t, 's') "
-    "AND NOT suffix(t, 'ss') THEN t[1:-2] ELSE t END)")
+def keyword_terms(doc_id: str, text: str) -> list[str]:
+    """What the keyword index holds for a chunk: the terms of its document id and its text.
 
-#: What the keyword index sees of a chunk: the document id (its path: folder
-#: and file name words, e.g. "licenses apache 2.0 txt") and the chunk text, so
-#: that a query naming the document matches all of its chunks.
-KEYWORD_TEXT_SQL = "(doc_id || ' ' || text)"
+    The document id (its path: folder and file name words, e.g. "licenses apache
+    2.0 txt") counts as part of every chunk, so a query naming the document
+    matches all of its chunks.
+    """
+    return index_terms(doc_id) + index_terms(text)
+
 
 def vectors_schema(dim: int) -> pa.Schema:
     """Arrow schema of a document's embedded chunks, as ``embed`` returns them.
@@ -216,8 +214,9 @@ def _create_schema(con: duckdb.DuckDBPyConnection, dim: int) -> None:
 
 def read_meta(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
     """Return the ``meta`` table as a dict (empty for a new or foreign file)."""
-    exists = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'meta' "
-                         "AND schema_name = 'main'").fetchall()[0][0]
+    exists = con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = "
+                         "current_database() AND schema_name = 'main' AND table_name = 'meta'"
+                         ).fetchall()[0][0]
     if not exists:
         return {}
     return dict(con.execute("SELECT key, value FROM meta").fetchall())
@@ -393,20 +392,19 @@ def write_document(index: str | os.PathLike[str], table: pa.Table, *,
                        OR chunks.source IS DISTINCT FROM i.source)""")
             con.unregister("incoming_all")
         if fresh:
-            con.register("incoming", table.take(pa.array(fresh, pa.int64())))
-            terms = TERMS_SQL.format(col=KEYWORD_TEXT_SQL)
-            con.execute(f"""
+            new_rows = table.take(pa.array(fresh, pa.int64()))
+            postings, lengths = _postings(new_rows)
+            con.register("incoming", new_rows.append_column("n_terms", lengths))
+            con.register("incoming_postings", postings)
+            con.execute("""
                 INSERT INTO chunks
                 SELECT doc_id, position, text, content_hash, doc_hash, source, start_char,
-                       end_char, len({terms}), embedding, embedder, embedder_version,
+                       end_char, n_terms, embedding, embedder, embedder_version,
                        ?, ?, ?, current_timestamp AT TIME ZONE 'UTC'
                 FROM incoming""", [prov.run_id, prov.task_key, prov.attempt])
-            con.execute(f"""
-                INSERT INTO postings
-                SELECT doc_id, position, term, count(*)::INTEGER
-                FROM (SELECT doc_id, position, unnest({terms}) AS term FROM incoming)
-                GROUP BY ALL""")
+            con.execute("INSERT INTO postings SELECT * FROM incoming_postings")
             con.unregister("incoming")
+            con.unregister("incoming_postings")
         con.execute("""
             INSERT OR REPLACE INTO writes VALUES
                 (?, ?, ?, ?, ?, ?, ?, ?, current_timestamp AT TIME ZONE 'UTC')""",
@@ -415,6 +413,27 @@ def write_document(index: str | os.PathLike[str], table: pa.Table, *,
         return WriteResult(doc_id, doc_hash, table.num_rows, len(fresh), len(stale), False)
 
     return transaction(index, apply, timeout=timeout)
+
+
+def _postings(rows: pa.Table) -> tuple[pa.Table, pa.Array]:
+    """Postings ``(doc_id, position, term, tf)`` of chunk rows, and each row's term count."""
+    cols: dict[str, list[Any]] = {"doc_id": [], "position": [], "term": [], "tf": []}
+    lengths = []
+    for doc_id, position, text in zip(rows.column("doc_id").to_pylist(),
+                                      rows.column("position").to_pylist(),
+                                      rows.column("text").to_pylist(), strict=True):
+        terms = keyword_terms(doc_id, text)
+        lengths.append(len(terms))
+        for term, tf in Counter(terms).items():
+            cols["doc_id"].append(doc_id)
+            cols["position"].append(position)
+            cols["term"].append(term)
+            cols["tf"].append(tf)
+    table = pa.table({"doc_id": pa.array(cols["doc_id"], pa.string()),
+                      "position": pa.array(cols["position"], pa.int32()),
+                      "term": pa.array(cols["term"], pa.string()),
+                      "tf": pa.array(cols["tf"], pa.int32())})
+    return table, pa.array(lengths, pa.int32())
 
 
 def _normalise_table(table: pa.Table) -> pa.Table:

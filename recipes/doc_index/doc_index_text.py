@@ -282,6 +282,31 @@ def clean_text(text: str, fmt: str = "text") -> str:
     return normalize_whitespace(text)
 
 
+# --------------------------------------------------------------------------- terms
+
+_TERM = re.compile(r"[^\W_]+")
+
+
+def index_terms(text: str) -> list[str]:
+    """The keyword-index terms of ``text``, in order (used for chunks and queries alike).
+
+    Lowercase runs of letters and digits, 1-character words dropped, a plural
+    "s" stripped from words of 4+ letters ("patents" -> "patent"; "class" stays).
+
+    Example:
+        >>> index_terms("The Patents, e.g. of a class")
+        ['the', 'patent', 'of', 'class']
+    """
+    out = []
+    for word in _TERM.findall(text.lower()):
+        if len(word) < 2:
+            continue
+        if len(word) > 3 and word[-1] == "s" and word[-2] != "s":
+            word = word[:-1]
+        out.append(word)
+    return out
+
+
 # --------------------------------------------------------------------------- chunk
 
 

@@ -384,7 +384,7 @@ def load_module(path: str | Path) -> Any:
     if p.suffix != ".py":
         raise InputError(f"pipeline file must be a .py file, given: {path}",
                          hint="pass a Python module that defines an @pipeline")
-    for name, mod in list(sys.modules.items()):
+    for mod in list(sys.modules.values()):
         if getattr(mod, "__ledgerflow_file__", None) == str(p):
             return mod
     folder = str(p.parent)

@@ -15,10 +15,10 @@ pytest.importorskip("distributed")
 PLUGINS = str(Path(__file__).resolve().parents[2] / "plugins")
 
 try:    # until the package is reinstalled with the new entry point
-    import ledgerflow_dask  # noqa: F401
+    import ledgerflow_dask
 except ImportError:
     sys.path.insert(0, PLUGINS)
-    import ledgerflow_dask  # noqa: F401
+    import ledgerflow_dask
 
 
 @pytest.fixture(autouse=True)
