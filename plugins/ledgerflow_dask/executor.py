@@ -85,6 +85,8 @@ class DaskExecutor:
         ship_modules: module names whose code is pickled by value (for modules
             the workers cannot import); pipeline files loaded by path always are.
         connect_timeout: seconds to wait for a remote scheduler.
+        direct: fetch results straight from the workers (default: yes on the
+            local cluster, Dask's choice otherwise).
         cluster_kwargs: extra keyword arguments for ``LocalCluster``.
     """
 
@@ -93,7 +95,7 @@ class DaskExecutor:
     def __init__(self, address: str | None = None, *, client: Any = None,
                  n_workers: int | None = None, cancel_grace: float = 1.0,
                  scatter_above: int = 1 << 20, ship_modules: Iterable[str] = (),
-                 connect_timeout: float = 10.0,
+                 connect_timeout: float = 10.0, direct: bool | None = None,
                  cluster_kwargs: dict[str, Any] | None = None) -> None:
         self.address = address
         self.n_workers = n_workers
@@ -114,6 +116,7 @@ class DaskExecutor:
         self._token = secrets.token_hex(4)
         self._topic: str | None = None
         self._shipped: set[str] = set()
+        self._direct = direct
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DaskExecutor:
@@ -154,6 +157,8 @@ class DaskExecutor:
             kwargs.update(self.cluster_kwargs)
             self.cluster = LocalCluster(**kwargs)
             self.client = Client(self.cluster, set_as_default=False)
+            if self._direct is None:    # fetch results from the workers, not via the scheduler
+                self._direct = True
         self._own_client = True
         return self.client
 
@@ -333,7 +338,7 @@ class DaskExecutor:
         if not finished:
             return
         try:
-            values = self.client.gather([e.future for _, e in finished])
+            values = self.client.gather([e.future for _, e in finished], direct=self._direct)
         except Exception:
             values = [self._one(e) for _, e in finished]
         for (job_id, entry), data in zip(finished, values, strict=True):

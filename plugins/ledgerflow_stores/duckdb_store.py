@@ -640,12 +640,54 @@ def _read_lines(path: Path, start: int) -> tuple[list[bytes], int]:
     return [ln for ln in body.split(b"\n") if ln], start + cut + 1
 
 
-def _table(names: Sequence[str], rows: list[Any], types: dict[str, pa.DataType]) -> pa.Table:
-    cols = list(zip(*rows, strict=True)) if rows else [[] for _ in names]
-    return pa.table({n: pa.array(list(c), type=types.get(n)) for n, c in zip(names, cols, strict=True)})
+_STAGES: dict[str, list[tuple[str, str]]] = {
+    "T": [("i", "BIGINT"), ("key", "VARCHAR"), ("name", "VARCHAR"), ("node", "VARCHAR"),
+          ("item", "VARCHAR"), ("pos", "INTEGER"), ("upstream", "VARCHAR[]"),
+          ("version", "VARCHAR"), ("at", "DOUBLE")],
+    "E": [("i", "BIGINT"), ("seq", "BIGINT"), ("key", "VARCHAR"), ("attempt", "INTEGER"),
+          ("frm", "VARCHAR"), ("to", "VARCHAR"), ("reason", "VARCHAR"), ("ts", "DOUBLE")],
+    "A": [("i", "BIGINT"), ("key", "VARCHAR"), ("attempt", "INTEGER"), ("outcome", "VARCHAR"),
+          ("started", "DOUBLE"), ("ended", "DOUBLE"), ("etype", "VARCHAR"),
+          ("emsg", "VARCHAR"), ("tb", "VARCHAR")],
+    "R": [("i", "BIGINT"), ("key", "VARCHAR"), ("attempt", "INTEGER"), ("fp", "VARCHAR"),
+          ("hash", "VARCHAR"), ("kind", "VARCHAR"), ("data", "VARCHAR"), ("uri", "VARCHAR"),
+          ("size", "BIGINT"), ("cached", "VARCHAR")],
+    "L": [("i", "BIGINT"), ("key", "VARCHAR"), ("attempt", "INTEGER"), ("direction", "VARCHAR"),
+          ("uri", "VARCHAR"), ("hash", "VARCHAR"), ("attrs", "VARCHAR")],
+    "N": [("i", "BIGINT"), ("key", "VARCHAR"), ("attempt", "INTEGER"), ("kind", "VARCHAR"),
+          ("message", "VARCHAR"), ("ts", "DOUBLE")],
+}
+_ARROW = {"BIGINT": pa.int64(), "INTEGER": pa.int32(), "DOUBLE": pa.float64(),
+          "VARCHAR": pa.string(), "VARCHAR[]": pa.list_(pa.string())}
+#: Below this many rows a batch travels as DuckDB list parameters: building Arrow
+#: arrays from Python lists makes pyarrow import pandas (~0.3 s), which would
+#: dominate short runs; above it Arrow is several times faster per row.
+ARROW_MIN_ROWS = 5000
 
 
-_STR = pa.string()
+@contextlib.contextmanager
+def _staged(con: Any, kind: str, rows: list[Any]) -> Iterator[str]:
+    """Expose ``rows`` of one record kind to SQL as the table ``lf_<kind>``."""
+    cols = _STAGES[kind]
+    name = f"lf_{kind.lower()}"
+    columns = list(zip(*rows, strict=True))
+    if len(rows) >= ARROW_MIN_ROWS:
+        table = pa.Table.from_arrays(
+            [pa.array(list(c), type=_ARROW[t]) for c, (_, t) in zip(columns, cols, strict=True)],
+            names=[n for n, _ in cols])
+        con.register(name, table)
+        try:
+            yield name
+        finally:
+            con.unregister(name)
+        return
+    select = ", ".join(f'unnest(${i + 1}::{t}[]) AS "{n}"' for i, (n, t) in enumerate(cols))
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT {select}",
+                [list(c) for c in columns])
+    try:
+        yield name
+    finally:
+        con.execute(f"DROP TABLE IF EXISTS {name}")
 
 
 def _insert(con: Any, run_id: str, token: int, records: list[Any]) -> None:
@@ -662,91 +704,84 @@ def _insert(con: Any, run_id: str, token: int, records: list[Any]) -> None:
         con.execute("UPDATE runs SET token = greatest(coalesce(token, 0), ?), driver_pid = ?, "
                     "driver_host = ? WHERE run_id = ?", [htoken, pid, host, run_id])
     if "T" in by:
-        t = _table(["i", "key", "name", "node", "item", "pos", "upstream", "version", "at"],
-                   by["T"], {"upstream": pa.list_(_STR), "item": _STR, "pos": pa.int32()})
-        con.register("lf_t", t)
-        con.execute("INSERT INTO tasks (run_id, task_key, task_name, node, item_key, position, "
-                    "upstream, code_version, state, attempts, budget_base) SELECT ?, key, name, "
-                    "node, item, pos, upstream, version, 'pending', 0, 0 FROM lf_t ON CONFLICT DO NOTHING",
-                    [run_id])
-        con.unregister("lf_t")
+        with _staged(con, "T", by["T"]):
+            con.execute("INSERT INTO tasks (run_id, task_key, task_name, node, item_key, "
+                        "position, upstream, code_version, state, attempts, budget_base) "
+                        "SELECT ?, key, name, node, item, pos, upstream, version, 'pending', 0, 0 "
+                        "FROM lf_t ON CONFLICT DO NOTHING", [run_id])
     if "E" in by:
-        e = _table(["i", "seq", "key", "attempt", "frm", "to", "reason", "ts"], by["E"],
-                   {"frm": _STR, "reason": _STR})
-        con.register("lf_e", e)
-        con.execute("INSERT INTO events SELECT ?, seq, key, attempt, frm, \"to\", reason, ts, ? "
-                    "FROM lf_e", [run_id, token])
-        con.execute(f"""
-            UPDATE tasks SET state = s.state,
-                attempts = greatest(tasks.attempts, s.attempts),
-                started_at = coalesce(tasks.started_at, s.started_at),
-                ended_at = CASE WHEN s.state IN {TERMINAL_SQL} THEN s.last_at
-                                WHEN s.budget_base IS NOT NULL THEN NULL
-                                ELSE tasks.ended_at END,
-                budget_base = coalesce(s.budget_base, tasks.budget_base)
-            FROM (SELECT key, arg_max("to", seq) AS state, max(attempt) AS attempts,
-                         min(ts) FILTER (WHERE "to" = 'running') AS started_at,
-                         arg_max(ts, seq) AS last_at,
-                         arg_max(attempt, seq) FILTER (WHERE "to" = 'pending'
-                                                       AND frm IS NOT NULL) AS budget_base
-                  FROM lf_e GROUP BY key) s
-            WHERE tasks.run_id = ? AND tasks.task_key = s.key""", [run_id])
-        con.execute("UPDATE runs SET max_seq = greatest(coalesce(max_seq, 0), "
-                    "(SELECT max(seq) FROM lf_e)) WHERE run_id = ?", [run_id])
-        con.unregister("lf_e")
+        with _staged(con, "E", by["E"]):
+            _fold_events(con, run_id, token)
     if "A" in by:
-        a = _table(["i", "key", "attempt", "outcome", "started", "ended", "etype", "emsg", "tb"],
-                   by["A"], {"started": pa.float64(), "ended": pa.float64(), "etype": _STR,
-                             "emsg": _STR, "tb": _STR})
-        con.register("lf_a", a)
-        con.execute("INSERT INTO attempts SELECT ?, key, attempt, outcome, started, ended, "
-                    "etype, emsg, tb, ? FROM lf_a", [run_id, token])
-        con.execute("""
-            UPDATE tasks SET attempts = greatest(tasks.attempts, s.attempts), error = s.error
-            FROM (SELECT key, max(attempt) AS attempts,
-                         arg_max_null(CASE WHEN outcome = 'ok' THEN NULL
-                              WHEN outcome IN ('timeout', 'lost', 'cancelled') THEN
-                                  CASE WHEN coalesce(emsg, '') = '' THEN outcome
-                                       ELSE outcome || ': ' || emsg END
-                              WHEN coalesce(etype, '') = '' THEN emsg
-                              ELSE etype || ': ' || emsg END, i) AS error
-                  FROM lf_a GROUP BY key) s
-            WHERE tasks.run_id = ? AND tasks.task_key = s.key""", [run_id])
-        con.unregister("lf_a")
+        with _staged(con, "A", by["A"]):
+            _fold_attempts(con, run_id, token)
     if "R" in by:
-        r = _table(["i", "key", "attempt", "fp", "hash", "kind", "data", "uri", "size",
-                    "cached"], by["R"], {"fp": _STR, "data": _STR, "uri": _STR,
-                                         "cached": _STR, "size": pa.int64()})
-        con.register("lf_r", r)
-        con.execute("INSERT INTO results SELECT ?, key, attempt, fp, hash, kind, data, uri, "
-                    "size, cached FROM lf_r", [run_id])
-        con.execute("""
-            UPDATE tasks SET fingerprint = s.fp, result_hash = s.hash, result_kind = s.kind,
-                result_data = s.data, result_uri = s.uri, result_size = s.size,
-                cached_from = s.cached, result_attempt = s.attempt
-            FROM (SELECT * FROM lf_r QUALIFY row_number() OVER (PARTITION BY key
-                  ORDER BY i DESC) = 1) s
-            WHERE tasks.run_id = ? AND tasks.task_key = s.key""", [run_id])
-        con.unregister("lf_r")
+        with _staged(con, "R", by["R"]):
+            _fold_results(con, run_id)
     if "L" in by:
         rows = [(i, k, att, d, uri, h, json.dumps(attrs or {})) for i, k, att, d, uri, h, attrs
                 in by["L"]]
-        lt = _table(["i", "key", "attempt", "direction", "uri", "hash", "attrs"], rows,
-                    {"hash": _STR})
-        con.register("lf_l", lt)
-        con.execute("INSERT INTO artifacts SELECT ?, key, attempt, direction, uri, hash, attrs "
-                    "FROM lf_l", [run_id])
-        con.unregister("lf_l")
+        with _staged(con, "L", rows):
+            con.execute("INSERT INTO artifacts SELECT ?, key, attempt, direction, uri, hash, "
+                        "attrs FROM lf_l", [run_id])
     if "N" in by:
-        nt = _table(["i", "key", "attempt", "kind", "message", "ts"], by["N"], {})
-        con.register("lf_n", nt)
-        con.execute("INSERT INTO notices SELECT ?, key, attempt, kind, message, ts FROM lf_n",
-                    [run_id])
-        con.unregister("lf_n")
+        with _staged(con, "N", by["N"]):
+            con.execute("INSERT INTO notices SELECT ?, key, attempt, kind, message, ts "
+                        "FROM lf_n", [run_id])
     for _, state, reason, at in by.get("S", [])[-1:]:
         ended = at if state in ("succeeded", "failed", "cancelled") else None
         con.execute("UPDATE runs SET state = ?, reason = ?, ended_at = ? WHERE run_id = ?",
                     [state, reason, ended, run_id])
+
+
+def _fold_events(con: Any, run_id: str, token: int) -> None:
+    con.execute('INSERT INTO events SELECT ?, seq, key, attempt, frm, "to", reason, ts, ? '
+                "FROM lf_e", [run_id, token])
+    con.execute(f"""
+        UPDATE tasks SET state = s.state,
+            attempts = greatest(tasks.attempts, s.attempts),
+            started_at = coalesce(tasks.started_at, s.started_at),
+            ended_at = CASE WHEN s.state IN {TERMINAL_SQL} THEN s.last_at
+                            WHEN s.budget_base IS NOT NULL THEN NULL
+                            ELSE tasks.ended_at END,
+            budget_base = coalesce(s.budget_base, tasks.budget_base)
+        FROM (SELECT key, arg_max("to", seq) AS state, max(attempt) AS attempts,
+                     min(ts) FILTER (WHERE "to" = 'running') AS started_at,
+                     arg_max(ts, seq) AS last_at,
+                     arg_max(attempt, seq) FILTER (WHERE "to" = 'pending'
+                                                   AND frm IS NOT NULL) AS budget_base
+              FROM lf_e GROUP BY key) s
+        WHERE tasks.run_id = ? AND tasks.task_key = s.key""", [run_id])
+    con.execute("UPDATE runs SET max_seq = greatest(coalesce(max_seq, 0), "
+                "(SELECT max(seq) FROM lf_e)) WHERE run_id = ?", [run_id])
+
+
+def _fold_attempts(con: Any, run_id: str, token: int) -> None:
+    con.execute("INSERT INTO attempts SELECT ?, key, attempt, outcome, started, ended, "
+                "etype, emsg, tb, ? FROM lf_a", [run_id, token])
+    con.execute("""
+        UPDATE tasks SET attempts = greatest(tasks.attempts, s.attempts), error = s.error
+        FROM (SELECT key, max(attempt) AS attempts,
+                     arg_max_null(CASE WHEN outcome = 'ok' THEN NULL
+                          WHEN outcome IN ('timeout', 'lost', 'cancelled') THEN
+                              CASE WHEN coalesce(emsg, '') = '' THEN outcome
+                                   ELSE outcome || ': ' || emsg END
+                          WHEN coalesce(etype, '') = '' THEN emsg
+                          ELSE etype || ': ' || emsg END, i) AS error
+              FROM lf_a GROUP BY key) s
+        WHERE tasks.run_id = ? AND tasks.task_key = s.key""", [run_id])
+
+
+def _fold_results(con: Any, run_id: str) -> None:
+    con.execute("INSERT INTO results SELECT ?, key, attempt, fp, hash, kind, data, uri, "
+                "size, cached FROM lf_r", [run_id])
+    con.execute("""
+        UPDATE tasks SET fingerprint = s.fp, result_hash = s.hash, result_kind = s.kind,
+            result_data = s.data, result_uri = s.uri, result_size = s.size,
+            cached_from = s.cached, result_attempt = s.attempt
+        FROM (SELECT * FROM lf_r QUALIFY row_number() OVER (PARTITION BY key
+              ORDER BY i DESC) = 1) s
+        WHERE tasks.run_id = ? AND tasks.task_key = s.key""", [run_id])
 
 
 @hookimpl

@@ -18,11 +18,12 @@ Tables:
 
 Concurrency: DuckDB lets one process at a time open a file read-write (a
 second process cannot open it at all), and, inside a process, concurrent
-transactions that touch the same rows conflict. Every operation here
-therefore opens the file, runs one short transaction and closes it, retrying
-with jittered exponential backoff when the file is locked by another process
-or the transaction conflicts (``LEDGERFLOW_INDEX_LOCK_TIMEOUT`` seconds in
-all, default 60).
+transactions that touch the same rows conflict. Every operation here runs
+one short transaction on a connection that is open only while the process
+has work for the index (threads of one process share it), queues behind
+other processes with an advisory lock on ``INDEX.lock``, and retries
+conflicting transactions with jittered exponential backoff
+(``LEDGERFLOW_INDEX_LOCK_TIMEOUT`` seconds in all, default 60).
 """
 
 from __future__ import annotations
@@ -30,17 +31,23 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import duckdb
 import pyarrow as pa
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
 from doc_index_text import index_terms
 
 SCHEMA_VERSION = 1
@@ -105,6 +112,20 @@ class Provenance:
 
 
 # --------------------------------------------------------------------------- connections
+#
+# DuckDB allows one process at a time to open a file read-write, and two
+# threads of one process racing to open (or close) the same file can see a
+# half-initialised database. So, per index file and per process, there is at
+# most one open DuckDB connection (a *handle*); threads that need the index at
+# the same time share it through their own cursors, and the last one out
+# closes it. Between processes, an advisory lock on a sidecar file
+# (``INDEX.lock``) queues the openers instead of letting them spin on DuckDB's
+# lock error. A handle admits new users only for ``HOLD_SECONDS`` after it
+# was opened; then it is closed as soon as its users finish, so that waiting
+# processes get their turn.
+
+#: How long a process may keep admitting new users to an open index.
+HOLD_SECONDS = 0.25
 
 
 def _lock_timeout() -> float:
@@ -123,14 +144,131 @@ def _is_conflict(exc: BaseException) -> bool:
     return isinstance(exc, duckdb.ConstraintException) and "duplicate key" in text
 
 
+@dataclass(slots=True)
+class _Handle:
+    """The one open connection of this process to one index file."""
+
+    path: str
+    users: int = 1
+    con: duckdb.DuckDBPyConnection | None = None
+    lock_fd: int | None = None
+    opened: float = 0.0
+    expired: bool = False  # closed because the hold time ran out (others may be waiting)
+
+
+_handles: dict[str, _Handle] = {}
+_cond = threading.Condition()
+_abandoned: list[object] = []  # a forked child must never close its parent's connections
+
+
+def _after_fork_in_child() -> None:
+    global _cond
+    for handle in _handles.values():
+        _abandoned.append(handle.con)
+        if handle.lock_fd is not None:
+            with suppress(OSError):
+                os.close(handle.lock_fd)  # drop the child's reference to the parent's lock
+    _handles.clear()
+    _cond = threading.Condition()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _file_lock(path: str, deadline: float) -> int | None:
+    """Take the advisory lock ``path`` (polling with backoff); None where unsupported."""
+    if fcntl is None:  # pragma: no cover - not POSIX: rely on DuckDB's own lock and retries
+        return None
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    delay = 0.001
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() + delay > deadline:
+                os.close(fd)
+                raise IndexLockedError(
+                    f"could not lock {path}: another process kept the index busy for "
+                    f"{_lock_timeout():.0f}s (LEDGERFLOW_INDEX_LOCK_TIMEOUT)") from None
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 0.02)
+
+
+def _file_unlock(fd: int | None) -> None:
+    if fd is not None:
+        with suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _acquire(path: str, deadline: float) -> _Handle:
+    """Join this process's open handle of ``path``, or open one."""
+    pause = 0.0
+    with _cond:
+        while True:
+            handle = _handles.get(path)
+            if handle is None:
+                handle = _handles[path] = _Handle(path)
+                break
+            if handle.con is not None and time.monotonic() - handle.opened < HOLD_SECONDS:
+                handle.users += 1
+                return handle
+            if handle.con is not None:
+                pause = 0.02  # it expired: let other processes in before reopening
+            if time.monotonic() > deadline:
+                raise IndexLockedError(f"could not open {path}: timed out waiting for "
+                                       "other threads of this process")
+            _cond.wait(timeout=0.05)
+    try:
+        if pause:
+            time.sleep(pause * random.random())
+        handle.lock_fd = _file_lock(path + ".lock", deadline)
+        try:
+            handle.con = _retry(lambda: duckdb.connect(path), deadline - time.monotonic(),
+                                f"open {path}", lock_only=True)
+        except BaseException:
+            _file_unlock(handle.lock_fd)
+            raise
+    except BaseException:
+        with _cond:
+            del _handles[path]
+            _cond.notify_all()
+        raise
+    with _cond:
+        handle.opened = time.monotonic()
+        _cond.notify_all()
+    return handle
+
+
+def _release(handle: _Handle) -> None:
+    """Leave the handle; the last user closes the file and releases the lock."""
+    with _cond:
+        handle.users -= 1
+        if handle.users:
+            return
+        try:
+            if handle.con is not None:
+                handle.con.close()
+        finally:
+            _file_unlock(handle.lock_fd)
+            del _handles[handle.path]
+            _cond.notify_all()
+
+
 @contextmanager
 def connect(index: str | os.PathLike[str], *, create: bool = True,
             timeout: float | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
-    """Open the index file (retrying while another process holds it); close on exit.
+    """A connection to the index file for a short piece of work (see the notes above).
+
+    Waits (with backoff) while another process has the file open. The
+    connection is a cursor of this process's shared handle: do not keep it.
 
     Raises:
         IndexNotFoundError: ``create=False`` and the file does not exist.
-        IndexLockedError: still locked after ``timeout`` seconds.
+        IndexLockedError: still busy after ``timeout`` seconds
+            (default ``LEDGERFLOW_INDEX_LOCK_TIMEOUT``, 60).
     """
     path = Path(index)
     if not create and not path.exists():
@@ -139,11 +277,17 @@ def connect(index: str | os.PathLike[str], *, create: bool = True,
             f"pipeline run recipes/doc_index/pipeline.py -p source=DOCS -p index={index}")
     if create:
         path.parent.mkdir(parents=True, exist_ok=True)
-    con = _retry(lambda: duckdb.connect(str(path)), timeout, f"open {path}", lock_only=True)
+    deadline = time.monotonic() + (_lock_timeout() if timeout is None else timeout)
+    handle = _acquire(str(path.resolve()), deadline)
     try:
-        yield con
+        assert handle.con is not None
+        cursor = handle.con.cursor()
+        try:
+            yield cursor
+        finally:
+            cursor.close()
     finally:
-        con.close()
+        _release(handle)
 
 
 def _retry(fn: Callable[[], T], timeout: float | None, what: str, *,

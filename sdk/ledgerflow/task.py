@@ -141,7 +141,8 @@ class Task(Generic[P, R]):
         # By reference when the module exposes this very task; else by value
         # (cloudpickle then ships the function's code, e.g. from a notebook).
         module = sys.modules.get(getattr(self, "__module__", ""), None)
-        if module is not None and module.__name__ != "__main__" and getattr(
+        if module is not None and module.__name__ != "__main__" \
+                and not getattr(module, "__ledgerflow_file__", None) and getattr(
                 module, getattr(self, "__qualname__", ""), None) is self:
             return str(self.__qualname__)
         return (Task, (self.fn, self.options))
