@@ -31,7 +31,8 @@ api = importlib.import_module("ledgerflow.run")
 
 STORE = click.option("--store", envvar="LEDGERFLOW_STORE", metavar="PATH",
                      help="Ledger file [env LEDGERFLOW_STORE; default .ledgerflow/ledger.duckdb].")
-JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+JSON = click.option("--json", "as_json", is_flag=True, envvar="LEDGERFLOW_JSON",
+                    help="Print JSON instead of a table [env LEDGERFLOW_JSON].")
 
 
 def _fail(exc: PipelineError, debug: bool) -> None:
@@ -254,7 +255,8 @@ DASK = click.option("--dask-address", envvar="LEDGERFLOW_DASK_ADDRESS", metavar=
 @EXECUTOR
 @WORKERS
 @DASK
-@click.option("--fail-fast", is_flag=True, help="Stop dispatching at the first failure.")
+@click.option("--fail-fast", is_flag=True, envvar="LEDGERFLOW_FAIL_FAST",
+              help="Stop dispatching at the first failure [env LEDGERFLOW_FAIL_FAST].")
 @JSON
 @_guard
 def run(target: str, params: tuple[str, ...], store: str | None, executor: str | None,
@@ -284,7 +286,8 @@ def run(target: str, params: tuple[str, ...], store: str | None, executor: str |
 
 @main.command()
 @click.argument("run_id")
-@click.option("--plan", is_flag=True, help="Show what would be reused and re-run; run nothing.")
+@click.option("--plan", is_flag=True, envvar="LEDGERFLOW_PLAN",
+              help="Show what would be reused and re-run; run nothing [env LEDGERFLOW_PLAN].")
 @STORE
 @EXECUTOR
 @WORKERS
@@ -395,7 +398,8 @@ def _summary(view: RunView, all_rows: bool = False) -> None:
 @main.command()
 @STORE
 @JSON
-@click.option("--limit", type=click.IntRange(1), default=20, show_default=True)
+@click.option("--limit", type=click.IntRange(1), default=20, show_default=True,
+              envvar="LEDGERFLOW_LIMIT", help="How many runs [env LEDGERFLOW_LIMIT].")
 @_guard
 def runs(store: str | None, as_json: bool, limit: int) -> None:
     """List the newest runs.
@@ -423,7 +427,8 @@ def runs(store: str | None, as_json: bool, limit: int) -> None:
 
 @main.command()
 @click.argument("run_id")
-@click.option("--task", "task_key", metavar="KEY", help="Only this task, with its ancestry.")
+@click.option("--task", "task_key", metavar="KEY", envvar="LEDGERFLOW_TASK",
+              help="Only this task, with its ancestry [env LEDGERFLOW_TASK].")
 @STORE
 @JSON
 @_guard
@@ -462,7 +467,8 @@ def lineage(run_id: str, task_key: str | None, store: str | None, as_json: bool)
 @click.argument("target")
 @click.option("-p", "--param", "params", multiple=True, metavar="KEY=VALUE")
 @click.option("--format", "fmt", type=click.Choice(["text", "mermaid", "dot"]), default="text",
-              show_default=True)
+              show_default=True, envvar="LEDGERFLOW_FORMAT",
+              help="Output format [env LEDGERFLOW_FORMAT].")
 @_guard
 def graph(target: str, params: tuple[str, ...], fmt: str) -> None:
     """Print a pipeline's graph without running it (validates it too).

@@ -158,3 +158,25 @@ def test_failed_run_exits_1_and_resume_plan(runner: CliRunner, write_flow, ledge
     res = runner.invoke(main, ["resume", run_id, "--plan", "--store", ledger, "--json"])
     plan = {r["key"]: r["action"] for r in json.loads(res.output)}
     assert plan == {"ok": "reuse", "bad": "rerun"}
+
+
+def test_options_come_from_the_environment(runner: CliRunner, write_flow, ledger: str) -> None:
+    flow = write_flow(FLOW)
+    env = {"LEDGERFLOW_STORE": ledger, "LEDGERFLOW_EXECUTOR": "inline",
+           "LEDGERFLOW_WORKERS": "2", "LEDGERFLOW_JSON": "1"}
+    res = runner.invoke(main, ["run", flow], env=env)
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert doc["state"] == "succeeded"
+    res = runner.invoke(main, ["runs"], env={"LEDGERFLOW_STORE": ledger,
+                                             "LEDGERFLOW_JSON": "1"})
+    assert json.loads(res.output)[0]["run_id"] == doc["run_id"]
+    res = runner.invoke(main, ["run", flow], env={**env, "LEDGERFLOW_EXECUTOR": "nope"})
+    assert res.exit_code == 2 and "executor 'nope' not found" in res.output
+
+
+@pytest.mark.parametrize("command", ["run", "resume", "cancel", "status", "runs", "lineage",
+                                     "graph", "plugins"])
+def test_every_command_has_help_with_an_example(runner: CliRunner, command: str) -> None:
+    res = runner.invoke(main, [command, "--help"])
+    assert res.exit_code == 0 and "Example:" in res.output
