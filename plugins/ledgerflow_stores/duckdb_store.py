@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import pyarrow as pa
 from ledgerflow import hookimpl
 from ledgerflow.config import Settings
 from ledgerflow.errors import (
@@ -403,8 +402,7 @@ class DuckDBStore:
                                  f"rejected {count} record(s) written under superseded token "
                                  f"{token}", time.time()])
                 else:
-                    records = [rec for line in lines for rec in json.loads(line)]
-                    _insert(con, run_id, token, records)
+                    _insert(con, run_id, token, lines)
                 con.execute("INSERT OR REPLACE INTO journal_folds VALUES (?, ?, ?)",
                             [run_id, token, end])
                 con.execute("COMMIT")
@@ -553,15 +551,11 @@ class DuckDBStore:
         with self._db(False) as con:
             if con is None:
                 return out
-            con.register("lf_names", pa.table({"name": names}))
-            try:
-                rows = con.execute(
-                    "SELECT fingerprint, run_id, task_key, result_hash, result_kind, "
-                    "result_data, result_uri, result_size FROM tasks "
-                    "WHERE state = 'succeeded' AND fingerprint IS NOT NULL "
-                    "AND task_name IN (SELECT name FROM lf_names)").fetchall()
-            finally:
-                con.unregister("lf_names")
+            rows = con.execute(
+                "SELECT fingerprint, run_id, task_key, result_hash, result_kind, "
+                "result_data, result_uri, result_size FROM tasks "
+                "WHERE state = 'succeeded' AND fingerprint IS NOT NULL "
+                "AND task_name IN (SELECT unnest($1::VARCHAR[]))", [names]).fetchall()
         for fp, *rest in rows:
             out.setdefault(fp, tuple(rest))
         return out
@@ -640,98 +634,100 @@ def _read_lines(path: Path, start: int) -> tuple[list[bytes], int]:
     return [ln for ln in body.split(b"\n") if ln], start + cut + 1
 
 
-_STAGES: dict[str, list[tuple[str, str]]] = {
-    "T": [("i", "BIGINT"), ("key", "VARCHAR"), ("name", "VARCHAR"), ("node", "VARCHAR"),
-          ("item", "VARCHAR"), ("pos", "INTEGER"), ("upstream", "VARCHAR[]"),
-          ("version", "VARCHAR"), ("at", "DOUBLE")],
-    "E": [("i", "BIGINT"), ("seq", "BIGINT"), ("key", "VARCHAR"), ("attempt", "INTEGER"),
-          ("frm", "VARCHAR"), ("to", "VARCHAR"), ("reason", "VARCHAR"), ("ts", "DOUBLE")],
-    "A": [("i", "BIGINT"), ("key", "VARCHAR"), ("attempt", "INTEGER"), ("outcome", "VARCHAR"),
-          ("started", "DOUBLE"), ("ended", "DOUBLE"), ("etype", "VARCHAR"),
-          ("emsg", "VARCHAR"), ("tb", "VARCHAR")],
-    "R": [("i", "BIGINT"), ("key", "VARCHAR"), ("attempt", "INTEGER"), ("fp", "VARCHAR"),
-          ("hash", "VARCHAR"), ("kind", "VARCHAR"), ("data", "VARCHAR"), ("uri", "VARCHAR"),
-          ("size", "BIGINT"), ("cached", "VARCHAR")],
-    "L": [("i", "BIGINT"), ("key", "VARCHAR"), ("attempt", "INTEGER"), ("direction", "VARCHAR"),
-          ("uri", "VARCHAR"), ("hash", "VARCHAR"), ("attrs", "VARCHAR")],
-    "N": [("i", "BIGINT"), ("key", "VARCHAR"), ("attempt", "INTEGER"), ("kind", "VARCHAR"),
-          ("message", "VARCHAR"), ("ts", "DOUBLE")],
+#: Per record kind, the SQL that turns the parsed journal (``lf_raw``: one JSON
+#: array per record, ``i`` its position) into a typed staging table.
+_STAGES: dict[str, str] = {
+    "T": """SELECT i, rec->>1 AS key, rec->>2 AS name, rec->>3 AS node, rec->>4 AS item,
+                   (rec->>5)::INTEGER AS pos, json_transform(rec->6, '["VARCHAR"]') AS upstream,
+                   rec->>7 AS version, (rec->>8)::DOUBLE AS at""",
+    "E": """SELECT i, (rec->>1)::BIGINT AS seq, rec->>2 AS key, (rec->>3)::INTEGER AS attempt,
+                   rec->>4 AS frm, rec->>5 AS "to", rec->>6 AS reason, (rec->>7)::DOUBLE AS ts""",
+    "A": """SELECT i, rec->>1 AS key, (rec->>2)::INTEGER AS attempt, rec->>3 AS outcome,
+                   (rec->>4)::DOUBLE AS started, (rec->>5)::DOUBLE AS ended,
+                   rec->>6 AS etype, rec->>7 AS emsg, rec->>8 AS tb""",
+    "R": """SELECT i, rec->>1 AS key, (rec->>2)::INTEGER AS attempt, rec->>3 AS fp,
+                   rec->>4 AS hash, rec->>5 AS kind, rec->>6 AS data, rec->>7 AS uri,
+                   (rec->>8)::BIGINT AS size, rec->>9 AS cached""",
+    "L": """SELECT i, rec->>1 AS key, (rec->>2)::INTEGER AS attempt, rec->>3 AS direction,
+                   rec->>4 AS uri, rec->>5 AS hash, (rec->6)::VARCHAR AS attrs""",
+    "N": """SELECT i, rec->>1 AS key, (rec->>2)::INTEGER AS attempt, rec->>3 AS kind,
+                   rec->>4 AS message, (rec->>5)::DOUBLE AS ts""",
 }
-_ARROW = {"BIGINT": pa.int64(), "INTEGER": pa.int32(), "DOUBLE": pa.float64(),
-          "VARCHAR": pa.string(), "VARCHAR[]": pa.list_(pa.string())}
-#: Below this many rows a batch travels as DuckDB list parameters: building Arrow
-#: arrays from Python lists makes pyarrow import pandas (~0.3 s), which would
-#: dominate short runs; above it Arrow is several times faster per row.
-ARROW_MIN_ROWS = 5000
 
 
 @contextlib.contextmanager
-def _staged(con: Any, kind: str, rows: list[Any]) -> Iterator[str]:
-    """Expose ``rows`` of one record kind to SQL as the table ``lf_<kind>``."""
-    cols = _STAGES[kind]
+def _staged(con: Any, kind: str) -> Iterator[str]:
+    """Expose the records of one kind to SQL as the temp table ``lf_<kind>``."""
     name = f"lf_{kind.lower()}"
-    columns = list(zip(*rows, strict=True))
-    if len(rows) >= ARROW_MIN_ROWS:
-        table = pa.Table.from_arrays(
-            [pa.array(list(c), type=_ARROW[t]) for c, (_, t) in zip(columns, cols, strict=True)],
-            names=[n for n, _ in cols])
-        con.register(name, table)
-        try:
-            yield name
-        finally:
-            con.unregister(name)
-        return
-    select = ", ".join(f'unnest(${i + 1}::{t}[]) AS "{n}"' for i, (n, t) in enumerate(cols))
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT {select}",
-                [list(c) for c in columns])
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS {_STAGES[kind]} FROM lf_raw "
+                f"WHERE rec->>0 = '{kind}'")
     try:
         yield name
     finally:
         con.execute(f"DROP TABLE IF EXISTS {name}")
 
 
-def _insert(con: Any, run_id: str, token: int, records: list[Any]) -> None:
-    """Fold one batch of journal records into the tables, set-based."""
-    by: dict[str, list[Any]] = {}
-    for i, rec in enumerate(records):
-        by.setdefault(rec[0], []).append((i, *rec[1:]))
-    for _, rid, pipe, target, params, created, options in by.get("D", []):
-        con.execute("INSERT INTO runs (run_id, pipeline, target, params, options, state, "
-                    "created_at, token, max_seq) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, 0) "
-                    "ON CONFLICT DO NOTHING", [rid, pipe, target, params, options, created,
-                                               token])
-    for _, htoken, pid, host, _at in by.get("H", []):
-        con.execute("UPDATE runs SET token = greatest(coalesce(token, 0), ?), driver_pid = ?, "
-                    "driver_host = ? WHERE run_id = ?", [htoken, pid, host, run_id])
-    if "T" in by:
-        with _staged(con, "T", by["T"]):
-            con.execute("INSERT INTO tasks (run_id, task_key, task_name, node, item_key, "
-                        "position, upstream, code_version, state, attempts, budget_base) "
-                        "SELECT ?, key, name, node, item, pos, upstream, version, 'pending', 0, 0 "
-                        "FROM lf_t ON CONFLICT DO NOTHING", [run_id])
-    if "E" in by:
-        with _staged(con, "E", by["E"]):
-            _fold_events(con, run_id, token)
-    if "A" in by:
-        with _staged(con, "A", by["A"]):
-            _fold_attempts(con, run_id, token)
-    if "R" in by:
-        with _staged(con, "R", by["R"]):
-            _fold_results(con, run_id)
-    if "L" in by:
-        rows = [(i, k, att, d, uri, h, json.dumps(attrs or {})) for i, k, att, d, uri, h, attrs
-                in by["L"]]
-        with _staged(con, "L", rows):
-            con.execute("INSERT INTO artifacts SELECT ?, key, attempt, direction, uri, hash, "
-                        "attrs FROM lf_l", [run_id])
-    if "N" in by:
-        with _staged(con, "N", by["N"]):
-            con.execute("INSERT INTO notices SELECT ?, key, attempt, kind, message, ts "
-                        "FROM lf_n", [run_id])
-    for _, state, reason, at in by.get("S", [])[-1:]:
-        ended = at if state in ("succeeded", "failed", "cancelled") else None
-        con.execute("UPDATE runs SET state = ?, reason = ?, ended_at = ? WHERE run_id = ?",
-                    [state, reason, ended, run_id])
+def _insert(con: Any, run_id: str, token: int, lines: list[bytes]) -> None:
+    """Fold journal lines into the tables, set-based.
+
+    DuckDB parses the JSON itself (one statement for the whole batch), so the
+    fold costs a few microseconds per record and needs no Arrow conversion
+    (building Arrow arrays from Python lists makes pyarrow import pandas).
+    """
+    payload = b"[" + b",".join(lines) + b"]"
+    con.execute("CREATE OR REPLACE TEMP TABLE lf_raw AS SELECT unnest(l) AS rec, "
+                "generate_subscripts(l, 1) AS i FROM "
+                "(SELECT json_extract($1::JSON, '$[*][*]') AS l)", [payload.decode()])
+    try:
+        kinds = {k for (k,) in con.execute("SELECT DISTINCT rec->>0 FROM lf_raw").fetchall()}
+        small = [json.loads(r) for (r,) in con.execute(
+            "SELECT rec::VARCHAR FROM lf_raw WHERE rec->>0 IN ('D', 'H', 'S') "
+            "ORDER BY i").fetchall()]
+        _insert_small(con, run_id, token, small)
+        if "T" in kinds:
+            with _staged(con, "T"):
+                con.execute("INSERT INTO tasks (run_id, task_key, task_name, node, item_key, "
+                            "position, upstream, code_version, state, attempts, budget_base) "
+                            "SELECT ?, key, name, node, item, pos, upstream, version, 'pending', "
+                            "0, 0 FROM lf_t ON CONFLICT DO NOTHING", [run_id])
+        if "E" in kinds:
+            with _staged(con, "E"):
+                _fold_events(con, run_id, token)
+        if "A" in kinds:
+            with _staged(con, "A"):
+                _fold_attempts(con, run_id, token)
+        if "R" in kinds:
+            with _staged(con, "R"):
+                _fold_results(con, run_id)
+        if "L" in kinds:
+            with _staged(con, "L"):
+                con.execute("INSERT INTO artifacts SELECT ?, key, attempt, direction, uri, hash, "
+                            "attrs FROM lf_l", [run_id])
+        if "N" in kinds:
+            with _staged(con, "N"):
+                con.execute("INSERT INTO notices SELECT ?, key, attempt, kind, message, ts "
+                            "FROM lf_n", [run_id])
+        for _, state, reason, at in [r for r in small if r[0] == "S"][-1:]:
+            ended = at if state in ("succeeded", "failed", "cancelled") else None
+            con.execute("UPDATE runs SET state = ?, reason = ?, ended_at = ? WHERE run_id = ?",
+                        [state, reason, ended, run_id])
+    finally:
+        con.execute("DROP TABLE IF EXISTS lf_raw")
+
+
+def _insert_small(con: Any, run_id: str, token: int, records: list[Any]) -> None:
+    for rec in records:
+        if rec[0] == "D":
+            _, rid, pipe, target, params, created, options = rec
+            con.execute("INSERT INTO runs (run_id, pipeline, target, params, options, state, "
+                        "created_at, token, max_seq) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, 0) "
+                        "ON CONFLICT DO NOTHING",
+                        [rid, pipe, target, params, options, created, token])
+        elif rec[0] == "H":
+            _, htoken, pid, host, _at = rec
+            con.execute("UPDATE runs SET token = greatest(coalesce(token, 0), ?), "
+                        "driver_pid = ?, driver_host = ? WHERE run_id = ?",
+                        [htoken, pid, host, run_id])
 
 
 def _fold_events(con: Any, run_id: str, token: int) -> None:
