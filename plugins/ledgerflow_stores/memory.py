@@ -25,7 +25,7 @@ class MemoryStore:
     def __init__(self, location: str = ":memory:") -> None:
         self.location = location
         self._lock = threading.Lock()
-        self._views: dict[str, RunView] = {}
+        self._created: dict[str, float] = {}
         self._records: dict[str, list[Sequence[Any]]] = {}
         self._tokens: dict[str, int] = {}
         self._held: set[str] = set()
@@ -34,7 +34,7 @@ class MemoryStore:
 
     def create_run(self, run_id: str, records: Sequence[Sequence[Any]]) -> Lease:
         with self._lock:
-            self._views[run_id] = apply(RunView(run_id), records)
+            self._created[run_id] = apply(RunView(run_id), records).created_at
             self._records[run_id] = list(records)
             self._tokens[run_id] = 1
             self._held.add(run_id)
@@ -42,7 +42,7 @@ class MemoryStore:
 
     def take_over(self, run_id: str) -> Lease:
         with self._lock:
-            if run_id not in self._views:
+            if run_id not in self._records:
                 raise RunNotFoundError(f"no run {run_id!r} in {self.location}")
             if run_id in self._held:
                 raise NotResumableError(f"run {run_id} is still being driven in this process",
@@ -58,7 +58,7 @@ class MemoryStore:
             if self._tokens.get(lease.run_id) != lease.token:
                 raise LeaseLostError(f"run {lease.run_id} was taken over (token "
                                      f"{lease.token} < {self._tokens.get(lease.run_id)})")
-            apply(self._views[lease.run_id], records)
+            # a commit is the append; views are folded from the records when read
             self._records[lease.run_id].extend(records)
 
     def release(self, lease: Lease) -> None:
@@ -80,15 +80,15 @@ class MemoryStore:
 
     def get_run(self, run_id: str) -> RunView:
         with self._lock:
-            view = self._views.get(run_id)
-            if view is None:
+            records = self._records.get(run_id)
+            if records is None:
                 raise RunNotFoundError(f"no run {run_id!r} in {self.location}")
-            copy = apply(RunView(run_id), self._records[run_id])
+            copy = apply(RunView(run_id), records)
         copy.driver_alive = run_id in self._held
         return copy
 
     def list_runs(self, limit: int = 50) -> list[RunView]:
-        ids = sorted(self._views, key=lambda r: self._views[r].created_at, reverse=True)
+        ids = sorted(self._created, key=lambda r: self._created[r], reverse=True)
         return [self.get_run(r) for r in ids[:limit]]
 
     def request_cancel(self, run_id: str) -> None:
@@ -101,13 +101,13 @@ class MemoryStore:
     def cache_lookup(self, task_names: Iterable[str]) -> dict[str, tuple[Any, ...]]:
         names = set(task_names)
         out: dict[str, tuple[Any, ...]] = {}
-        with self._lock:
-            for run_id, view in self._views.items():
-                for row in view.tasks.values():
-                    if row.state == "succeeded" and row.task_name in names and row.fingerprint:
-                        out.setdefault(row.fingerprint, (
-                            run_id, row.key, row.result_hash, row.result_kind, row.result_data,
-                            row.result_uri, row.result_size))
+        for run_id in list(self._records):
+            view = self.get_run(run_id)
+            for row in view.tasks.values():
+                if row.state == "succeeded" and row.task_name in names and row.fingerprint:
+                    out.setdefault(row.fingerprint, (
+                        run_id, row.key, row.result_hash, row.result_kind, row.result_data,
+                        row.result_uri, row.result_size))
         return out
 
     def _rows(self, run_id: str, kind: str) -> list[Sequence[Any]]:

@@ -76,6 +76,7 @@ class Runner:
         self.rand = random.Random()
         self.next_poll = 0.0
         self.idem_prefix = run_id + "\x00"
+        self._driver = threading.get_ident()
 
     # -- records ------------------------------------------------------------------------
     def _move(self, inst: Inst, target: str, reason: str = "") -> None:
@@ -203,6 +204,7 @@ class Runner:
     # -- driving ------------------------------------------------------------------------
     def drive(self) -> str:
         """Run until every task is terminal; return the run's final state."""
+        self._driver = threading.get_ident()
         self.executor.start(workers=self.settings.workers, on_complete=self._on_complete)
         try:
             self._adopt(self.plan.instantiate())
@@ -257,7 +259,8 @@ class Runner:
 
     def _on_complete(self, c: Completion) -> None:
         self.inbox.append(c)
-        self.wake.set()
+        if threading.get_ident() != self._driver:   # inline reports need no wake-up
+            self.wake.set()
 
     def _drain(self) -> None:
         inbox = self.inbox

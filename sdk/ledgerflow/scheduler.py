@@ -279,7 +279,10 @@ class Plan:
         lit = self._lits.get(node.key)
         if lit is None:
             if node.args or node.kwargs:
-                lit = canonical([_keyed(node.args), _keyed(node.kwargs)])
+                try:
+                    lit = _fast_canon((node.args, node.kwargs)).encode()
+                except TypeError:
+                    lit = canonical([_keyed(node.args), _keyed(node.kwargs)])
             else:
                 lit = b""
             self._lits[node.key] = lit
@@ -302,6 +305,23 @@ class Plan:
         return [resolve(c) for c in g.children]
 
 
+_REPR_TYPES = (str, int, float, bool, type(None))
+
+
+def _fast_canon(value: Any) -> str:
+    """A deterministic text for simple literals and references (TypeError otherwise)."""
+    t = type(value)
+    if t in _REPR_TYPES:
+        return repr(value)
+    if t is TaskRef or t is MapRef:
+        return f"<ref {value.key}>"
+    if t is tuple or t is list:
+        return "[" + ",".join([_fast_canon(v) for v in value]) + "]"
+    if t is dict:
+        return "{" + ",".join([f"{k!r}:{_fast_canon(value[k])}" for k in sorted(value)]) + "}"
+    raise TypeError(t.__name__)
+
+
 def _keyed(value: Any) -> Any:
     t = type(value)
     if t is TaskRef or t is MapRef:
@@ -322,7 +342,7 @@ def _fill(value: Any, plan: Plan, resolve: Resolver) -> Any:
     if t is list:
         return [_fill(v, plan, resolve) for v in value]
     if t is tuple:
-        return tuple(_fill(v, plan, resolve) for v in value)
+        return tuple([_fill(v, plan, resolve) for v in value])
     if t is dict:
         return {k: _fill(v, plan, resolve) for k, v in value.items()}
     return value
