@@ -231,6 +231,8 @@ def doc_index(source: str = CORPUS, index: str = "index.duckdb", embedder: str =
         text.check_chunk_params(int(chunk_size), int(overlap))
     except ValueError as exc:
         raise InputError(str(exc), hint="e.g. -p chunk_size=800 -p overlap=100") from None
+    if isinstance(exclude, str):
+        exclude = [exclude]
     emb = get_embedder(embedder)  # an unknown name fails here, listing the installed ones
     opened = open_index(index, emb.name, emb.version, emb.dim)
     docs = discover(source, exclude)

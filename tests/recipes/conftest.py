@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from doc_index_testutil import CORPUS, build_locally, load_recipe
+from doc_index_testutil import CORPUS, build_locally, load_recipe, register_slow_hashing
 
 
 @pytest.fixture(scope="session")
@@ -36,3 +36,17 @@ def small_corpus(tmp_path: Path) -> Path:
     (src / "ignored.py").write_text("print('not a document')")
     (src / ".hidden.txt").write_text("hidden")
     return src
+
+
+@pytest.fixture()
+def slow_hashing():
+    """The ``slow-hashing`` test embedder, registered for one test only."""
+    import ledgerflow_embed
+    from ledgerflow.plugins import get_plugin_manager
+
+    plugin = register_slow_hashing()
+    yield plugin
+    pm = get_plugin_manager()
+    if pm.is_registered(plugin):
+        pm.unregister(plugin)
+    ledgerflow_embed.clear_cache()

@@ -130,13 +130,11 @@ def test_bad_parameters_are_rejected_before_the_run(small_corpus: Path, tmp_path
     assert not (tmp_path / "i.duckdb").exists()
 
 
-def test_embedder_mismatch_fails_before_embedding(small_corpus: Path, tmp_path: Path) -> None:
+def test_embedder_mismatch_fails_before_embedding(small_corpus: Path, tmp_path: Path,
+                                                  slow_hashing) -> None:
     index, store = tmp_path / "index.duckdb", tmp_path / "ledger.duckdb"
     _run(small_corpus, index, store)
     before = rows(index, CONTENT)
-    from doc_index_testutil import register_slow_hashing
-
-    register_slow_hashing()
     run = ledgerflow.run(str(PIPELINE_FILE), source=str(small_corpus), index=str(index),
                          store=str(store), embedder="slow-hashing", wait=False)
     assert run.wait() == "failed"

@@ -270,3 +270,34 @@ def test_index_info(tmp_path: Path) -> None:
     assert (info["embedder"], info["dim"], info["documents"], info["chunks"]) == (
         "hashing", 384, 1, 3)
     assert os.path.exists(index)
+
+
+def test_a_file_that_is_not_an_index_is_refused(tmp_path: Path, recipe) -> None:
+    import duckdb
+
+    ledger = tmp_path / "other.duckdb"
+    con = duckdb.connect(str(ledger))
+    con.execute("CREATE TABLE runs (id INTEGER)")
+    con.close()
+    with pytest.raises(store.IndexMismatchError, match="not a doc_index index"):
+        store.write_document(ledger, make_table("a.txt", TEXTS))
+    text_file = tmp_path / "notes.txt"
+    text_file.write_text("just text, not a database")
+    with pytest.raises(NonRetryableError, match="cannot open"):
+        recipe.open_index(str(text_file), "hashing", "v", 384)
+    assert text_file.read_text() == "just text, not a database"
+
+
+def test_bulk_writer_matches_single_writes(tmp_path: Path) -> None:
+    tables = [make_table(f"d{i}.txt", [f"doc {i} chunk {j} text" for j in range(3)])
+              for i in range(5)]
+    one, bulk = tmp_path / "one.duckdb", tmp_path / "bulk.duckdb"
+    for t in tables:
+        store.write_document(one, t)
+    with store.bulk_writer(bulk) as writer:
+        results = [writer.write(t) for t in tables]
+        assert writer.write(tables[0]).inserted == 0  # idempotent here too
+    assert [r.inserted for r in results] == [3] * 5
+    columns = "doc_id, position, content_hash, text, embedding, n_terms"
+    assert rows(one, columns) == rows(bulk, columns)
+    _consistent(bulk)
