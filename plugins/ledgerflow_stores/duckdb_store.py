@@ -510,18 +510,20 @@ class DuckDBStore:
         with self._db(False) as con:
             if con is not None:
                 rows = con.execute(
-                    "SELECT run_id, pipeline, state, reason, created_at, ended_at FROM runs "
-                    "ORDER BY created_at DESC LIMIT ?", [limit]).fetchall()
+                    "SELECT run_id, pipeline, state, reason, created_at, ended_at, target, "
+                    "params, options FROM runs ORDER BY created_at DESC LIMIT ?",
+                    [limit]).fetchall()
                 counts = con.execute(
                     "SELECT run_id, state, count(*) FROM tasks WHERE run_id IN "
                     "(SELECT run_id FROM runs ORDER BY created_at DESC LIMIT ?) "
                     "GROUP BY ALL", [limit]).fetchall()
-                for rid, pipe, state, reason, created, ended in rows:
+                for rid, pipe, state, reason, created, ended, target, params, opts in rows:
                     views[rid] = RunView(rid, pipeline=pipe, state=state, reason=reason or "",
-                                         created_at=created or 0.0, ended_at=ended)
-                for rid, state, n in counts:
-                    for i in range(n):   # counts() reads task rows; keep them light
-                        views[rid].tasks[f"{state}#{i}"] = TaskRow("", state=state)
+                                         created_at=created or 0.0, ended_at=ended,
+                                         target=target, params=params or "{}",
+                                         options=opts or "{}", task_counts={})
+                for rid, state, n in counts:   # task rows are not loaded for a listing
+                    views[rid].task_counts[state] = n  # type: ignore[index]
         for rid in self._journal_runs():
             try:
                 views[rid] = self.get_run(rid)

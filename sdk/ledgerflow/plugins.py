@@ -89,11 +89,12 @@ def plugin_table() -> list[tuple[str, str, list[str]]]:
     rows = []
     for name, plugin in pm.list_name_plugin():
         provides: list[str] = []
-        for hook in ("ledgerflow_executor_names", "ledgerflow_store_names"):
-            fn = getattr(plugin, hook, None)
-            if callable(fn):
-                kind = "executor" if "executor" in hook else "store"
-                provides += [f"{kind}:{n}" for n in fn()]
+        for hook in sorted(dir(plugin)):   # ledgerflow_<kind>_names hooks of any plugin
+            if hook.startswith("ledgerflow_") and hook.endswith("_names"):
+                fn = getattr(plugin, hook)
+                if callable(fn):
+                    kind = hook[len("ledgerflow_"):-len("_names")]
+                    provides += [f"{kind}:{n}" for n in fn()]
         where = getattr(plugin, "__file__", None) or getattr(plugin, "__name__", repr(plugin))
         rows.append((name or "?", str(where), provides))
     return rows

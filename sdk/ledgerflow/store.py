@@ -88,9 +88,13 @@ class RunView:
     driver_pid: int | None = None
     driver_host: str | None = None
     driver_alive: bool | None = None
+    #: Set by listings that read counts without loading task rows.
+    task_counts: dict[str, int] | None = None
 
     def counts(self) -> dict[str, int]:
         """Number of tasks in each state."""
+        if self.task_counts is not None and not self.tasks:
+            return dict(self.task_counts)
         out: dict[str, int] = {}
         for row in self.tasks.values():
             out[row.state] = out.get(row.state, 0) + 1

@@ -180,3 +180,19 @@ def test_options_come_from_the_environment(runner: CliRunner, write_flow, ledger
 def test_every_command_has_help_with_an_example(runner: CliRunner, command: str) -> None:
     res = runner.invoke(main, [command, "--help"])
     assert res.exit_code == 0 and "Example:" in res.output
+
+
+def test_runs_listing_carries_counts_and_parameters(write_flow, ledger: str) -> None:
+    import ledgerflow
+    flow = write_flow(FLOW)
+    run = ledgerflow.run(flow, n=3, store=ledger, executor="inline")
+    listed = ledgerflow.runs(store=ledger)[0]
+    assert listed.run_id == run.run_id
+    assert listed.counts() == {"succeeded": 4}
+    assert json.loads(listed.params)["n"] == 3 and (listed.target or "").endswith("flow.py")
+    assert all(k for k in listed.tasks)     # no placeholder rows
+
+
+def test_plugins_lists_embedders(runner: CliRunner) -> None:
+    res = runner.invoke(main, ["plugins"])
+    assert "embedder:hashing" in res.output and "executor:dask" in res.output
