@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .config import Settings
-from .errors import PipelineError
+from .errors import InvalidTransitionError, PipelineError
 from .executor import Completion, Executor, Job
 from .graph import Graph
 from .keys import digest, fingerprint
@@ -90,17 +90,26 @@ class Runner:
         inst.state = target
         if target in _FAILED_LIKE or target == "succeeded":
             self.active -= 1
+        self._notify(inst, old, target, reason)
+
+    def _notify(self, inst: Inst, old: str, new: str, reason: str) -> None:
         if self.hook_changed is not None:
             try:
                 self.hook_changed(run_id=self.run_id, task_key=inst.key, old=old or None,
-                                  new=target, attempt=inst.attempt, reason=reason)
+                                  new=new, attempt=inst.attempt, reason=reason)
             except Exception:  # observers must never break a run
                 log.exception("ledgerflow_task_state_changed hook failed")
         if self.on_change is not None:
             try:
-                self.on_change(inst.key, old, target)
+                self.on_change(inst.key, old, new)
             except Exception:  # a progress display must never break a run
                 log.exception("progress callback failed")
+
+    def _release(self, ready: list[Inst]) -> None:
+        for r in ready:
+            if r.state == "pending":
+                self._move(r, "ready")
+                self.ready.append(r)
 
     def _note(self, key: str, attempt: int, kind: str, message: str) -> None:
         log.warning("run %s task %s attempt %d: %s", self.run_id, key, attempt, message)
@@ -115,10 +124,7 @@ class Runner:
             for inst in done:
                 ready, created = self.plan.succeeded(inst, self._resolve)
                 self._adopt(created)
-                for r in ready:
-                    if r.state == "pending":
-                        self._move(r, "ready")
-                        self.ready.append(r)
+                self._release(ready)
 
     # -- set-up -------------------------------------------------------------------------
     def _adopt(self, created: list[Inst]) -> None:
@@ -128,8 +134,8 @@ class Runner:
         restored: list[Inst] = []
         for inst in created:
             row = prior.get(inst.key)
-            self.active += 1
             if row is None:
+                self.active += 1
                 self.buf.append(("T", inst.key, inst.node.task.name, inst.node.key,
                                  None if inst.group is None else inst.key[len(inst.node.key):],
                                  inst.pos, [getattr(u, "key", "") for u in inst.up],
@@ -138,7 +144,6 @@ class Runner:
             else:
                 self._restore(inst, row)
                 if inst.state == "succeeded":
-                    self.active -= 1
                     restored.append(inst)
                     continue
             failed_up = self.plan.link(inst)
@@ -156,14 +161,13 @@ class Runner:
                 # a success kept from before still expands fan-outs and counts in its group
                 ready, more = self.plan.succeeded(inst, self._resolve)
                 self._adopt(more)
-                for r in ready:
-                    if r.state == "pending":
-                        self._move(r, "ready")
-                        self.ready.append(r)
+                self._release(ready)
 
     def _restore(self, inst: Inst, row: Any) -> None:
         """Bring a task known to the ledger to succeeded, pending or ready."""
         inst.state = row.state
+        if row.state not in _FAILED_LIKE and row.state != "succeeded":
+            self.active += 1
         inst.attempt = row.attempts
         inst.used = row.attempts - row.budget_base
         if row.state == "succeeded":
@@ -194,12 +198,8 @@ class Runner:
                          "resume: reset with a fresh attempt budget", time.time()))
         inst.state = "pending"
         inst.used = 0
-        if self.hook_changed is not None:
-            try:
-                self.hook_changed(run_id=self.run_id, task_key=inst.key, old=old,
-                                  new="pending", attempt=inst.attempt, reason="resume")
-            except Exception:
-                log.exception("ledgerflow_task_state_changed hook failed")
+        self.active += 1
+        self._notify(inst, old, "pending", "resume")
 
     # -- driving ------------------------------------------------------------------------
     def drive(self) -> str:
@@ -464,6 +464,12 @@ class Runner:
         self._commit()
 
     def _finish(self) -> str:
+        if not self.cancelling:   # the completion invariant (Dagster's ActiveExecution)
+            stuck = [i.key for i in self.plan.insts.values()
+                     if i.state not in _FAILED_LIKE and i.state != "succeeded"]
+            if stuck:
+                raise InvalidTransitionError(
+                    f"run {self.run_id} stopped with unfinished tasks: {stuck[:5]}")
         if self.cancelling:
             state = "cancelled"
             reason = getattr(self, "cancel_reason", "cancelled")
