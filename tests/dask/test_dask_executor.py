@@ -57,7 +57,9 @@ def fan(n: int = 200):
 @task(retries=2)
 def slow_mark(i: int, folder: str) -> int:
     Path(folder, f"{i}-{context().attempt}-{os.getpid()}").touch()
-    time.sleep(0.4)
+    # long enough on the first attempt that a worker killed right after the mark
+    # appears is always killed mid-task, even on a loaded machine
+    time.sleep(1.5 if context().attempt == 1 else 0.05)
     return i
 
 
@@ -164,10 +166,12 @@ def test_errors_retries_and_large_payloads(store: str, tmp_path: Path,
 
 def test_killed_worker_is_lost_and_retried(store: str, tmp_path: Path) -> None:
     ex = DaskExecutor()
-    run = slow_fan.run(folder=str(tmp_path), n=10, executor=ex, store=store, workers=2,
+    marks = tmp_path / "marks"       # apart from the ledger's own files
+    marks.mkdir()
+    run = slow_fan.run(folder=str(marks), n=10, executor=ex, store=store, workers=2,
                        wait=False)
-    wait_for(lambda: len(list(tmp_path.iterdir())) >= 3, what="tasks to start")
-    victim = int(sorted(tmp_path.iterdir(), key=lambda p: p.stat().st_mtime)[-1]
+    wait_for(lambda: len(list(marks.iterdir())) >= 3, what="tasks to start")
+    victim = int(sorted(marks.iterdir(), key=lambda p: p.stat().st_mtime)[-1]
                  .name.split("-")[2])
     os.kill(victim, signal.SIGKILL)
     assert run.wait(90) == "succeeded"
