@@ -611,8 +611,8 @@ class _Heartbeat:
     def _run(self) -> None:
         while not self._stop.wait(1.0):
             doc = self.store._read_lease(self.run_id)
-            if doc is not None and int(doc.get("token", 0)) > self.token:
-                self.fenced = True
+            if doc is None or int(doc.get("token", 0)) > self.token:
+                self.fenced = True   # taken over (or released by a newer driver)
                 return
             with contextlib.suppress(OSError):
                 self.store._write_lease(self.run_id, self.token)

@@ -217,3 +217,20 @@ def test_ctrl_c_cancels_and_leaves_a_resumable_run(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert _status(run_id, ledger, env)["state"] == "succeeded"
     assert max(_counts(side).values()) <= 2
+
+
+def test_two_runs_on_one_ledger_both_proceed(tmp_path: Path) -> None:
+    flow = tmp_path / "flow.py"
+    flow.write_text(CHAIN)
+    ledger = str(tmp_path / "ledger.duckdb")
+    env = _env(tmp_path, STEP_DELAY="0.05")
+    procs = [subprocess.Popen([*PIPELINE, "run", f"{flow}:fanout", "-p", f"n={n}", "--store",
+                               ledger, "--json"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for n in (30, 31)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1] for o in outs]
+    ids = {json.loads(o[0])["run_id"] for o in outs}
+    listed = subprocess.run([*PIPELINE, "runs", "--store", ledger, "--json"],
+                            capture_output=True, text=True, env=env, timeout=60)
+    runs = {r["run_id"]: r for r in json.loads(listed.stdout)}
+    assert set(runs) == ids and all(r["state"] == "succeeded" for r in runs.values())

@@ -222,3 +222,18 @@ def test_sigkill_during_embedding_then_resume(corpus_copy: Path, tmp_path: Path)
                        "GROUP BY ALL HAVING count(*) > 1)")
     assert dup == [(0,)]
     assert query(index, "SELECT count(DISTINCT doc_id) FROM writes") == [(n_docs,)]
+
+
+@pytest.mark.minilm
+def test_pipeline_with_the_real_model(small_corpus: Path, tmp_path: Path) -> None:
+    """The whole pipeline through the kernel with all-MiniLM-L6-v2, then a semantic search."""
+    index = tmp_path / "index.duckdb"
+    run = _run(small_corpus, index, tmp_path / "ledger.duckdb", embedder="minilm", workers=2)
+    assert run.state == "succeeded"
+    assert _executed(run)["embed"] == 4
+    versions = {r[0] for r in query(index, "SELECT DISTINCT embedder_version FROM chunks")}
+    assert len(versions) == 1 and "all-MiniLM-L6-v2" in versions.pop()
+    hits = search(index, "light particles of high energy", k=1, mode="vector")
+    assert hits[0].doc_id == "sub/gamma.html"
+    again = _run(small_corpus, index, tmp_path / "ledger.duckdb", embedder="minilm")
+    assert _executed(again)["embed"] == 0

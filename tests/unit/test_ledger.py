@@ -1,0 +1,171 @@
+"""Ledger behaviour users rely on: caching rules, columnar results, lineage SQL, fencing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pytest
+from ledgerflow_stores.duckdb_store import DuckDBStore, _Heartbeat
+
+import ledgerflow
+from ledgerflow import pipeline, task
+from ledgerflow.errors import LeaseLostError
+
+
+def _executed(run: ledgerflow.Run) -> set[str]:
+    return {t["key"] for t in run.tasks() if not t["cached"]}
+
+
+def test_code_change_reruns_the_task_and_only_dependents_of_changed_output(ledger: str) -> None:
+    @task
+    def src() -> int:
+        return 1
+
+    @task(version="1")
+    def middle(x: int) -> int:
+        return x * 10
+
+    @task
+    def leaf(y: int) -> int:
+        return y + 1
+
+    @task
+    def side(x: int) -> int:
+        return x - 1
+
+    def make():
+        @pipeline
+        def p():
+            s = src()
+            side(s)
+            return leaf(middle(s))
+        return p
+
+    first = make().run(store=ledger, executor="inline")
+    assert _executed(first) == {"src", "middle", "leaf", "side"}
+    middle._version = "2"          # a new version, same output: leaf is reused
+    second = make().run(store=ledger, executor="inline")
+    assert _executed(second) == {"middle"}
+
+    @task(version="3", name="middle")
+    def middle_changed(x: int) -> int:
+        return x * 100
+
+    @pipeline
+    def p3():
+        s = src()
+        side(s)
+        return leaf(middle_changed(s))
+
+    third = p3.run(store=ledger, executor="inline")
+    assert _executed(third) == {"middle", "leaf"}
+    assert third.result() == 101
+
+
+def test_arrow_and_pandas_results_are_columnar_and_queryable(ledger: str) -> None:
+    pd = pytest.importorskip("pandas")
+
+    @task
+    def table() -> pa.Table:
+        return pa.table({"doc": ["a", "b"], "n": [1, 2]})
+
+    @task
+    def frame(t: pa.Table) -> object:
+        return pd.DataFrame({"doc": t.column("doc").to_pylist(), "twice": [2, 4]})
+
+    @pipeline
+    def p():
+        return frame(table())
+
+    run = p.run(store=ledger, executor="threads")
+    assert list(run.result()["twice"]) == [2, 4]          # the value itself, in process
+    out = ledgerflow.get_run(run.run_id, store=ledger).result()   # read back from the ledger
+    assert isinstance(out, pa.Table) and out.column("twice").to_pylist() == [2, 4]
+    con = duckdb.connect(ledger, read_only=True)
+    uri = con.execute("SELECT uri FROM results WHERE run_id = ? AND task_key = 'frame'",
+                      [run.run_id]).fetchall()[0][0]
+    path = Path(ledger + ".d") / uri
+    assert path.suffix == ".parquet"
+    assert con.execute(f"SELECT sum(twice) FROM read_parquet('{path}')").fetchall() == [(6,)]
+    con.close()
+
+
+def test_lineage_is_plain_sql(ledger: str) -> None:
+    @task
+    def a() -> int:
+        return 1
+
+    @task
+    def b(x: int) -> int:
+        ledgerflow.context().record_output("file://out.txt", "abc123", rows="1")
+        return x + 1
+
+    @pipeline
+    def p():
+        return b(a())
+
+    run = p.run(store=ledger, executor="inline")
+    con = duckdb.connect(ledger, read_only=True)
+    rows = con.execute("SELECT direction, uri, content_hash FROM lineage WHERE run_id = ? AND "
+                       "task_key = 'b' ORDER BY direction, uri", [run.run_id]).fetchall()
+    con.close()
+    hashes = {t.key: t.result_hash for t in run.status().tasks.values()}
+    assert ("input", "task:a", hashes["a"]) in rows
+    assert ("output", "task:b", hashes["b"]) in rows
+    assert ("output", "file://out.txt", "abc123") in rows
+
+
+def test_a_superseded_driver_cannot_write(tmp_path: Path) -> None:
+    path = str(tmp_path / "ledger.duckdb")
+    old = DuckDBStore(path)
+    now = time.time()
+    lease = old.create_run("r1", [("D", "r1", "p", None, "{}", now, "{}"),
+                                  ("S", "running", "", now)])
+    # the old driver "dies": its lease now names a process that does not exist
+    lease_file = Path(path + ".d") / "runs" / "r1" / "lease"
+    doc = json.loads(lease_file.read_text())
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    old._beats["r1"].stop()
+    lease_file.write_text(json.dumps({**doc, "pid": int(dead), "start": None}))
+    new = DuckDBStore(path)
+    taken = new.take_over("r1")
+    assert taken.token == 2
+    # what the old driver still writes to its segment is never applied
+    os.write(old._fds["r1"][1], (json.dumps([["S", "failed", "stale write", now]]) + "\n")
+             .encode())
+    new.append(taken, [("S", "succeeded", "", now + 1)])
+    new.release(taken)
+    view = new.get_run("r1")
+    assert view.state == "succeeded"
+    kinds = [n["kind"] for n in new.notices("r1")]
+    assert kinds == ["stale_driver_rejected"]
+    # and its heartbeat notices the takeover, after which its appends are refused
+    beat = _Heartbeat(old, "r1", 1)
+    deadline = time.time() + 5
+    while not beat.fenced and time.time() < deadline:
+        time.sleep(0.05)
+    old._beats["r1"] = beat
+    with pytest.raises(LeaseLostError):
+        old.append(lease, [("S", "failed", "stale", now)])
+
+
+def test_spec_file_in_toml(tmp_path: Path, ledger: str) -> None:
+    (tmp_path / "spec_tasks.py").write_text(
+        "from ledgerflow import task\n"
+        "@task\ndef make(n: int) -> list:\n    return list(range(n))\n"
+        "@task\ndef count(items: list) -> int:\n    return len(items)\n")
+    spec = tmp_path / "flow.toml"
+    spec.write_text('name = "counting"\n'
+                    '[tasks.make]\ntask = "spec_tasks:make"\nargs = { n = 4 }\n'
+                    '[tasks.count]\ntask = "spec_tasks:count"\ninputs = { items = "make" }\n')
+    run = ledgerflow.run(str(spec), store=ledger, executor="inline")
+    assert run.state == "succeeded" and run.result("count") == 4
+    assert ledgerflow.runs(store=ledger)[0].pipeline == "counting"
