@@ -46,6 +46,7 @@ from functools import partial
 from typing import Any
 
 import cloudpickle
+
 from ledgerflow.config import Settings
 from ledgerflow.errors import ConfigError, PluginError
 from ledgerflow.executor import Completion, Job

@@ -22,6 +22,7 @@ import traceback
 from typing import Any
 
 import cloudpickle
+
 from ledgerflow.errors import NonRetryableError
 from ledgerflow.executor import Completion, execute
 

@@ -22,6 +22,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 import cloudpickle
+
 from ledgerflow import hookimpl
 from ledgerflow.config import Settings
 from ledgerflow.executor import Completion, Job, execute

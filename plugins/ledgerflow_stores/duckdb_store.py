@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+
 from ledgerflow import hookimpl
 from ledgerflow.config import Settings
 from ledgerflow.errors import (
@@ -47,7 +48,6 @@ from ledgerflow.errors import (
 )
 from ledgerflow.results import Encoded, decode
 from ledgerflow.store import Lease, RunView, TaskRow, apply
-
 from ledgerflow_stores.memory import attempt_dict, lineage_rows
 
 SCHEMA_VERSION = 1

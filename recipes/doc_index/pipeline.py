@@ -37,6 +37,7 @@ import doc_index_store as store
 import doc_index_text as text
 import numpy as np
 import pyarrow as pa
+
 from ledgerflow import InputError, NonRetryableError, context, pipeline, task
 from ledgerflow_embed import encode, get_embedder
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from ledgerflow.testing import STORE_FACTORIES, StoreContract
 
 # The contract classes are collected once per store below.

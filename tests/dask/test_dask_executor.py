@@ -14,8 +14,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import ledgerflow as lf
 import pytest
+
+import ledgerflow as lf
 from ledgerflow import NonRetryableError, context, pipeline, task
 from ledgerflow.config import Settings
 from ledgerflow.run import make_executor

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
 from ledgerflow.cli import main
 
 FLOW = """

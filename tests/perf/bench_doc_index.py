@@ -110,6 +110,7 @@ def plain_loop(source: Path, index: Path, embedder: str) -> dict[str, Any]:
 def bulk_loop(source: Path, index: Path, embedder: str) -> dict[str, Any]:
     """The plain loop, but writing through one connection held open for the whole loop."""
     import doc_index_store as store
+
     from ledgerflow.run import load_module
     from ledgerflow_embed import get_embedder
 

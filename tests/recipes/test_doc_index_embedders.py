@@ -8,9 +8,10 @@ import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
-import ledgerflow_embed
 import numpy as np
 import pytest
+
+import ledgerflow_embed
 from ledgerflow import hookimpl
 from ledgerflow.errors import PluginError
 from ledgerflow.plugins import get_plugin_manager

@@ -13,10 +13,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import ledgerflow
 import pytest
 from doc_index_search import search
 from doc_index_testutil import CORPUS, PIPELINE_FILE, RECIPE_DIR, ROOT, query, rows
+
+import ledgerflow
 from ledgerflow.errors import InputError
 from ledgerflow_embed import EmbedderNotFoundError
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import doc_index_store as store
 import pytest
 from doc_index_testutil import ROOT, make_table, query, rows
+
 from ledgerflow import NonRetryableError
 
 TEXTS = ["The first chunk talks about apples.", "The second one is about pears.",

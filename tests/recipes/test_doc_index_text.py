@@ -11,6 +11,7 @@ from pathlib import Path
 import doc_index_text as text
 import pytest
 from doc_index_testutil import CORPUS
+
 from ledgerflow import NonRetryableError, context
 
 # --------------------------------------------------------------------------- discover

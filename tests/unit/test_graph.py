@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from ledgerflow import CycleError, DefinitionError, pipeline, task
 from ledgerflow.errors import ParameterBindError
 from ledgerflow.spec import load_spec

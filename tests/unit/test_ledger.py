@@ -12,11 +12,11 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 import pytest
-from ledgerflow_stores.duckdb_store import DuckDBStore, _Heartbeat
 
 import ledgerflow
 from ledgerflow import pipeline, task
 from ledgerflow.errors import LeaseLostError
+from ledgerflow_stores.duckdb_store import DuckDBStore, _Heartbeat
 
 
 def _executed(run: ledgerflow.Run) -> set[str]:

@@ -6,8 +6,9 @@ import threading
 import time
 from pathlib import Path
 
-import ledgerflow
 import pytest
+
+import ledgerflow
 from ledgerflow import NonRetryableError, context, pipeline, task
 from ledgerflow_executors.mock import MockExecutor
 

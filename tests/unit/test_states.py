@@ -3,6 +3,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+
 from ledgerflow.errors import InvalidTransitionError
 from ledgerflow.states import (
     RESETTABLE,
