@@ -150,7 +150,7 @@ def lineage_rows(view: RunView, artifacts: Iterable[Sequence[Any]],
         for up in row.upstream:
             # an upstream fan-out stands for all its children, in item order
             srcs = [view.tasks[up]] if up in view.tasks else sorted(
-                children.get(up, []), key=lambda r: r.position)
+                children.get(up, []), key=lambda r: r.position or 0)
             for src in srcs:
                 out.append({"task_key": row.key, "attempt": row.result_attempt,
                             "direction": "input", "uri": f"task:{src.key}",

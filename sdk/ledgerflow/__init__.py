@@ -11,7 +11,7 @@ Example:
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
+from importlib import metadata as _metadata
 
 from .context import RunContext, TaskCancelled, context
 from .errors import (
@@ -32,8 +32,8 @@ from .run import Run, cancel, get_run, plan_resume, resume, run, runs
 from .task import Task, task
 
 try:
-    __version__ = version("ledgerflow")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = _metadata.version("ledgerflow")
+except _metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0+unknown"
 
 __all__ = [

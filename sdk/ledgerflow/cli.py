@@ -24,6 +24,7 @@ import click
 
 from .errors import InputError, ParameterBindError, PipelineError
 from .pipeline import Pipeline
+from .run import Run
 from .store import RunView, _iso
 
 # ``ledgerflow.run`` is also the name of a function re-exported by the package.
@@ -198,8 +199,8 @@ class _Bar:
         self.progress.stop()
 
 
-def _drive_cli(start: Callable[[threading.Event, Any], api.Run], as_json: bool,
-               total_hint: int) -> api.Run:
+def _drive_cli(start: Callable[[threading.Event, Any], Run], as_json: bool,
+               total_hint: int) -> Run:
     cancel = threading.Event()
     presses = {"n": 0}
 
@@ -224,7 +225,7 @@ def _drive_cli(start: Callable[[threading.Event, Any], api.Run], as_json: bool,
             progress.close()
 
 
-def _finish(run: api.Run, as_json: bool) -> None:
+def _finish(run: Run, as_json: bool) -> None:
     view = run.status()
     if as_json:
         click.echo(json.dumps(view.as_json(), indent=2))
@@ -275,11 +276,12 @@ def run(target: str, params: tuple[str, ...], store: str | None, executor: str |
     if not as_json:
         click.echo(f"run {run_id}  pipeline {pipe.name}  ({len(graph)} steps)")
 
-    def start(cancel: threading.Event, progress: Any) -> api.Run:
-        return api.start(pipe, (), values, store=store, executor=executor, workers=workers,
-                         fail_fast=fail_fast or None, run_id=run_id,
-                         target=api._abs_target(target), progress=progress,
-                         cancel_event=cancel, dask_address=dask_address)
+    def start(cancel: threading.Event, progress: Any) -> Run:
+        started: Run = api.start(pipe, (), values, store=store, executor=executor,
+                                 workers=workers, fail_fast=fail_fast or None, run_id=run_id,
+                                 target=api._abs_target(target), progress=progress,
+                                 cancel_event=cancel, dask_address=dask_address)
+        return started
 
     _finish(_drive_cli(start, as_json, len(graph)), as_json)
 
@@ -323,9 +325,11 @@ def resume(run_id: str, plan: bool, store: str | None, executor: str | None,
     if not as_json:
         click.echo(f"run {run_id}  resuming")
 
-    def start(cancel: threading.Event, progress: Any) -> api.Run:
-        return api.resume(run_id, store=store, executor=executor, workers=workers,
-                          progress=progress, cancel_event=cancel, dask_address=dask_address)
+    def start(cancel: threading.Event, progress: Any) -> Run:
+        started: Run = api.resume(run_id, store=store, executor=executor, workers=workers,
+                                  progress=progress, cancel_event=cancel,
+                                  dask_address=dask_address)
+        return started
 
     _finish(_drive_cli(start, as_json, total), as_json)
 

@@ -266,7 +266,8 @@ class NotebookProgress:
                 from IPython.display import HTML
                 from IPython.display import display as ipy_display
                 self._HTML = HTML
-                self._handle = ipy_display(HTML(self.html()), display_id=True)
+                self._handle = ipy_display(HTML(self.html()),  # type: ignore[no-untyped-call]
+                                           display_id=True)
             except Exception:       # pragma: no cover - broken IPython install
                 self._handle = None
 
@@ -354,7 +355,7 @@ class NotebookProgress:
         with self._lock:
             body = self.html()
         try:
-            handle.update(self._HTML(body))
+            handle.update(self._HTML(body))  # type: ignore[no-untyped-call]
         except Exception:          # a display problem must never break a run
             self._handle = None
 

@@ -75,7 +75,8 @@ def canonical(value: object) -> bytes:
         try:
             return pickle.dumps(value, protocol=5)
         except Exception:
-            return cloudpickle.dumps(value)
+            data: bytes = cloudpickle.dumps(value)
+            return data
 
 
 def _json_default(value: object) -> object:

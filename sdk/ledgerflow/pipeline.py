@@ -127,7 +127,7 @@ class Pipeline(Generic[P, R]):
             raise DefinitionError(
                 f"pipeline {self.name!r} has parameter {sorted(clash)[0]!r}, a run option name",
                 hint="rename that parameter")
-        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+        functools.update_wrapper(self, fn)
         REGISTRY[self.name] = self
 
     def bind(self, *args: Any, **params: Any) -> dict[str, Any]:
@@ -182,7 +182,8 @@ class Pipeline(Generic[P, R]):
         if current_build.get() is not None:     # a sub-pipeline: inline its tasks
             values = self.bind(*args, **kwargs)
             return self.fn(**values)  # type: ignore[call-arg]
-        return self.run(*args, **kwargs).result()  # type: ignore[no-any-return]
+        run: Any = self.run
+        return run(*args, **kwargs).result()  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
         return f"<pipeline {self.name}>"

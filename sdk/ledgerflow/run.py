@@ -68,9 +68,12 @@ def check_executor(name: str | None) -> None:
                           hint="install a plugin that provides it, or use --executor threads")
 
 
-def make_executor(name: str | Executor, settings: Settings) -> Executor:
+def make_executor(name: object, settings: Settings) -> Executor:
     """Build the executor called ``name`` (or pass an instance through)."""
     if not isinstance(name, str):
+        if not isinstance(name, Executor):
+            raise PluginError(f"{name!r} is not an executor (no start/submit/cancel/shutdown)",
+                              hint="pass an executor name, e.g. executor='threads'")
         return name
     pm = get_plugin_manager()
     ex = pm.hook.ledgerflow_make_executor(name=name, settings=settings)

@@ -221,10 +221,10 @@ class Plan:
             if d.waiting == 0 and d.state == "pending":
                 ready.append(d)
         inst.dependents = []
-        for g in inst.feeds:
+        for fed in inst.feeds:
             value = resolve(inst)
             items = value if isinstance(value, list) else list(value)
-            created.extend(self.expand(g, items))
+            created.extend(self.expand(fed, items))
         if inst.feeds:
             ready.extend(self.empty_groups_done(created))
         g = inst.group

@@ -84,7 +84,7 @@ class Task(Generic[P, R]):
         self.options = options
         self.name: str = options.name or fn.__name__
         self._version: str | None = options.version
-        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+        functools.update_wrapper(self, fn)
 
     @property
     def version(self) -> str:
