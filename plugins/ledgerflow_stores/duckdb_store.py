@@ -52,6 +52,7 @@ from ledgerflow_stores.memory import attempt_dict, lineage_rows
 
 SCHEMA_VERSION = 1
 INLINE_LIMIT = 2048
+FOLD_BATCH_BYTES = 4 << 20
 TERMINAL_SQL = "('succeeded','failed','cancelled','upstream_failed')"
 
 MIGRATIONS: list[tuple[int, list[str]]] = [
@@ -66,8 +67,7 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             state VARCHAR, attempts INTEGER, budget_base INTEGER, started_at DOUBLE,
             ended_at DOUBLE, error VARCHAR, fingerprint VARCHAR, result_hash VARCHAR,
             result_kind VARCHAR, result_data VARCHAR, result_uri VARCHAR,
-            result_size BIGINT, cached_from VARCHAR, result_attempt INTEGER,
-            PRIMARY KEY(run_id, task_key))""",
+            result_size BIGINT, cached_from VARCHAR, result_attempt INTEGER)""",
         """CREATE TABLE events(run_id VARCHAR, seq BIGINT, task_key VARCHAR,
             attempt INTEGER, from_state VARCHAR, to_state VARCHAR, reason VARCHAR,
             ts DOUBLE, token INTEGER)""",
@@ -390,25 +390,27 @@ class DuckDBStore:
         current = max([(row[0][0] or 0) if row else 0, *(t for t, _ in segs)])
         for token, path in segs:
             start = folded.get(token, 0)
-            lines, end = _read_lines(path, start)
-            if not lines:
-                continue
-            con.execute("BEGIN")
-            try:
-                if token < current and token in folded:
-                    count = sum(len(json.loads(line)) for line in lines)
-                    con.execute("INSERT INTO notices VALUES (?, NULL, NULL, ?, ?, ?)",
-                                [run_id, "stale_driver_rejected",
-                                 f"rejected {count} record(s) written under superseded token "
-                                 f"{token}", time.time()])
-                else:
-                    _insert(con, run_id, token, lines)
-                con.execute("INSERT OR REPLACE INTO journal_folds VALUES (?, ?, ?)",
-                            [run_id, token, end])
-                con.execute("COMMIT")
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
+            stale = token < current and token in folded
+            # one transaction per bounded batch, its journal offset committed with it:
+            # memory stays flat however long the journal is, and a crash mid-fold
+            # resumes from the last committed batch
+            for lines, end in _iter_lines(path, start, FOLD_BATCH_BYTES):
+                con.execute("BEGIN")
+                try:
+                    if stale:   # what a superseded driver wrote after the takeover
+                        count = sum(len(json.loads(line)) for line in lines)
+                        con.execute("INSERT INTO notices VALUES (?, NULL, NULL, ?, ?, ?)",
+                                    [run_id, "stale_driver_rejected",
+                                     f"rejected {count} record(s) written under superseded "
+                                     f"token {token}", time.time()])
+                    else:
+                        _insert(con, run_id, token, lines)
+                    con.execute("INSERT OR REPLACE INTO journal_folds VALUES (?, ?, ?)",
+                                [run_id, token, end])
+                    con.execute("COMMIT")
+                except BaseException:
+                    con.execute("ROLLBACK")
+                    raise
 
     # -- results -------------------------------------------------------------------------
     def put_blob(self, enc: Encoded) -> str | None:
@@ -623,17 +625,36 @@ class _Heartbeat:
 
 def _read_lines(path: Path, start: int) -> tuple[list[bytes], int]:
     """Complete lines of ``path`` from byte ``start``; a torn last line is left out."""
+    lines: list[bytes] = []
+    end = start
+    for batch, offset in _iter_lines(path, start, 1 << 62):
+        lines.extend(batch)
+        end = offset
+    return lines, end
+
+
+def _iter_lines(path: Path, start: int, limit: int) -> Iterator[tuple[list[bytes], int]]:
+    """Yield batches of complete lines (about ``limit`` bytes each) and the offset after them."""
     try:
-        with open(path, "rb") as fh:
-            fh.seek(start)
-            data = fh.read()
+        fh = open(path, "rb")
     except FileNotFoundError:
-        return [], start
-    cut = data.rfind(b"\n")
-    if cut < 0:
-        return [], start
-    body = data[:cut]
-    return [ln for ln in body.split(b"\n") if ln], start + cut + 1
+        return
+    with fh:
+        fh.seek(start)
+        pending = b""
+        offset = start
+        while True:
+            chunk = fh.read(min(limit, 1 << 24))
+            data = pending + chunk
+            cut = data.rfind(b"\n")
+            if cut >= 0 and (len(data) >= limit or not chunk):
+                body, pending = data[:cut], data[cut + 1:]
+                offset += cut + 1
+                yield [ln for ln in body.split(b"\n") if ln], offset
+            else:
+                pending = data
+            if not chunk:
+                return
 
 
 #: Per record kind, the SQL that turns the parsed journal (``lf_raw``: one JSON
@@ -666,7 +687,8 @@ def _staged(con: Any, kind: str) -> Iterator[str]:
     try:
         yield name
     finally:
-        con.execute(f"DROP TABLE IF EXISTS {name}")
+        with contextlib.suppress(duckdb.Error):   # an aborted transaction drops it anyway
+            con.execute(f"DROP TABLE IF EXISTS {name}")
 
 
 def _insert(con: Any, run_id: str, token: int, lines: list[bytes]) -> None:
@@ -688,10 +710,12 @@ def _insert(con: Any, run_id: str, token: int, lines: list[bytes]) -> None:
         _insert_small(con, run_id, token, small)
         if "T" in kinds:
             with _staged(con, "T"):
+                # no primary key on tasks: DuckDB keeps ART indexes in memory, ~2 KB a row
                 con.execute("INSERT INTO tasks (run_id, task_key, task_name, node, item_key, "
                             "position, upstream, code_version, state, attempts, budget_base) "
                             "SELECT ?, key, name, node, item, pos, upstream, version, 'pending', "
-                            "0, 0 FROM lf_t ON CONFLICT DO NOTHING", [run_id])
+                            "0, 0 FROM lf_t WHERE key NOT IN "
+                            "(SELECT task_key FROM tasks WHERE run_id = ?)", [run_id, run_id])
         if "E" in kinds:
             with _staged(con, "E"):
                 _fold_events(con, run_id, token)
@@ -714,7 +738,8 @@ def _insert(con: Any, run_id: str, token: int, lines: list[bytes]) -> None:
             con.execute("UPDATE runs SET state = ?, reason = ?, ended_at = ? WHERE run_id = ?",
                         [state, reason, ended, run_id])
     finally:
-        con.execute("DROP TABLE IF EXISTS lf_raw")
+        with contextlib.suppress(duckdb.Error):
+            con.execute("DROP TABLE IF EXISTS lf_raw")
 
 
 def _insert_small(con: Any, run_id: str, token: int, records: list[Any]) -> None:
@@ -777,8 +802,11 @@ def _fold_results(con: Any, run_id: str) -> None:
         UPDATE tasks SET fingerprint = s.fp, result_hash = s.hash, result_kind = s.kind,
             result_data = s.data, result_uri = s.uri, result_size = s.size,
             cached_from = s.cached, result_attempt = s.attempt
-        FROM (SELECT * FROM lf_r QUALIFY row_number() OVER (PARTITION BY key
-              ORDER BY i DESC) = 1) s
+        FROM (SELECT key, arg_max_null(fp, i) AS fp, arg_max_null(hash, i) AS hash,
+                     arg_max_null(kind, i) AS kind, arg_max_null(data, i) AS data,
+                     arg_max_null(uri, i) AS uri, arg_max_null(size, i) AS size,
+                     arg_max_null(cached, i) AS cached, arg_max_null(attempt, i) AS attempt
+              FROM lf_r GROUP BY key) s
         WHERE tasks.run_id = ? AND tasks.task_key = s.key""", [run_id])
 
 

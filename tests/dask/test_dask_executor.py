@@ -320,8 +320,12 @@ def test_remote_scheduler_by_address_and_restart_guard(
     ex = run._runner.executor            # the executor the plugin built from the setting
     assert isinstance(ex, DaskExecutor) and ex.address == address
     wait_for(lambda: len(list(marks.iterdir())) >= 3, what="tasks to start")
-    victim = int(sorted(marks.iterdir(), key=lambda p: p.stat().st_mtime)[-1]
-                 .name.split("-")[2])
+    newest = sorted(marks.iterdir(), key=lambda p: p.stat().st_mtime)[-1].name.split("-")
+    item, victim = newest[0], int(newest[2])
+    job_id = next(j for j, inst in list(run._runner.jobs.items())
+                  if inst.key == f"slow_mark[{item}]")
+    # the guard can only see a second start once the first announcement has arrived
+    wait_for(lambda: ex._jobs[job_id].starts >= 1, what="the start announcement")
     os.kill(victim, signal.SIGKILL)     # this scheduler would re-run it silently
     assert run.wait(90) == "succeeded"
     assert sorted(run.result()) == list(range(8))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ledgerflow import pipeline, task
+from ledgerflow_stores import duckdb_store
 
 
 @task(retries=1)
@@ -29,8 +30,11 @@ def _rows(view):
             for k, t in view.tasks.items()}
 
 
-@pytest.mark.parametrize("n", [30, 3000])
-def test_fold_matches_the_memory_store(tmp_path, n: int) -> None:
+@pytest.mark.parametrize(("n", "batch"), [(30, None), (3000, None), (3000, 20_000)],
+                         ids=["small", "large", "large-in-many-batches"])
+def test_fold_matches_the_memory_store(tmp_path, monkeypatch, n: int, batch: int | None) -> None:
+    if batch is not None:
+        monkeypatch.setattr(duckdb_store, "FOLD_BATCH_BYTES", batch)
     mem = fan.run(n=n, store=f"memory:{tmp_path}", executor="inline")
     disk = fan.run(n=n, store=str(tmp_path / "l.duckdb"), executor="inline")
     a, b = mem.status(), disk.status()
