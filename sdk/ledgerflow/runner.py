@@ -377,6 +377,19 @@ class Runner:
         self.inflight -= 1
         self.retired[c.job_id] = ("done", inst.key, inst.attempt)
         inst.job = None
+        limit = inst.node.task.options.timeout
+        if limit is not None and c.outcome == "ok" and c.ended_at - c.started_at > limit \
+                and inst.state == "running":
+            # it ran past its deadline before the timer could fire (e.g. inline): the
+            # attempt timed out and its result is late, so it is rejected, not applied
+            self.buf.append(("A", inst.key, inst.attempt, "timeout", c.started_at, c.ended_at,
+                             "TimeoutError", f"no result within {limit:g}s", ""))
+            self._note(inst.key, inst.attempt, "late_result_rejected",
+                       f"result arrived after {c.ended_at - c.started_at:.3g}s, past the "
+                       f"{limit:g}s timeout; rejected, not applied")
+            self._retry_or_fail(inst, f"attempt {inst.attempt} timed out after {limit:g}s",
+                                None)
+            return
         self.buf.append(("A", inst.key, inst.attempt, c.outcome, c.started_at, c.ended_at,
                          c.error_type, c.error_message, c.traceback))
         for direction, uri, chash, attrs in c.lineage:

@@ -317,3 +317,19 @@ def test_durable_before_unlock(ledger: str) -> None:
 
     run = p.run(store=ledger, executor="threads", workers=4)
     assert run.result() == ["succeeded"] * 30
+
+
+def test_inline_timeout_is_detected_when_the_attempt_returns(ledger: str) -> None:
+    @task(timeout=0.1, retries=1)
+    def overrun() -> int:
+        time.sleep(0.25)
+        return 1
+
+    @pipeline
+    def p():
+        return overrun()
+
+    run = p.run(store=ledger, executor="inline")
+    assert _states(run)["overrun"] == ("failed", 2)
+    assert [a["outcome"] for a in run.attempts("overrun")] == ["timeout", "timeout"]
+    assert [n["kind"] for n in run.notices()] == ["late_result_rejected"] * 2
