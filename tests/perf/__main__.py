@@ -76,6 +76,7 @@ def main() -> None:
               + (f" {value / plain:>10.0f}x plain" if ratio else ""), flush=True)
 
     add("plain Python call", plain, "us", "-")
+    per_task(chain, 50, "memory:warm-up", "inline")     # imports, code versions
     for n in sizes:
         for shape, pipe in (("chain", chain), ("fan-out", fanout)):
             mem, _ = per_task(pipe, n, f"memory:{shape}-{n}", "inline")
