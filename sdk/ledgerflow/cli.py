@@ -374,26 +374,41 @@ def status(run_id: str, store: str | None, as_json: bool) -> None:
 
 def _summary(view: RunView, all_rows: bool = False) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
     console = Console(width=max(100, min(160, Console().width)), soft_wrap=False)
     rows = list(view.tasks.values())
-    shown = rows if (all_rows and len(rows) <= 500) or len(rows) <= 50 else [
-        r for r in rows if r.state != "succeeded"][:50]
-    table = Table(title=f"run {view.run_id} ({view.pipeline}): {view.state}",
-                  title_justify="left")
-    for col in ("task", "state", "attempts", "duration", "error"):
-        table.add_column(col, overflow="fold")
     colours = {"succeeded": "green", "failed": "red", "upstream_failed": "red",
                "cancelled": "yellow", "running": "cyan", "cancelling": "yellow"}
-    for r in shown:
-        dur = f"{r.ended_at - r.started_at:.3f}s" if r.started_at and r.ended_at else ""
-        state = r.state + (" (cached)" if r.cached_from else "")
-        table.add_row(r.key, f"[{colours.get(r.state, 'white')}]{state}[/]", str(r.attempts),
-                      dur, (r.error or "")[:120])
+    table = Table(title=escape(f"run {view.run_id} ({view.pipeline}): {view.state}"),
+                  title_justify="left")
+    if len(rows) <= (500 if all_rows else 50):
+        for col in ("task", "state", "attempts", "duration", "error"):
+            table.add_column(col, overflow="fold")
+        for r in rows:
+            dur = f"{r.ended_at - r.started_at:.3f}s" if r.started_at and r.ended_at else ""
+            state = r.state + (" (cached)" if r.cached_from else "")
+            # task keys hold [item] suffixes: escape them, or rich reads them as markup
+            table.add_row(escape(r.key), f"[{colours.get(r.state, 'white')}]{state}[/]",
+                          str(r.attempts), dur, escape((r.error or "")[:120]))
+    else:   # many tasks: one line per task name, then the ones that did not succeed
+        for col in ("task", "tasks", "states", "cached", "busy time", "first error"):
+            table.add_column(col, overflow="fold")
+        by_name: dict[str, list[Any]] = {}
+        for r in rows:
+            by_name.setdefault(r.task_name or r.key, []).append(r)
+        for name, group in by_name.items():
+            states: dict[str, int] = {}
+            for r in group:
+                states[r.state] = states.get(r.state, 0) + 1
+            busy = sum(r.ended_at - r.started_at for r in group if r.started_at and r.ended_at)
+            err = next((f"{r.key}: {r.error}" for r in group if r.error
+                        and r.state != "succeeded"), "")
+            table.add_row(escape(name), str(len(group)), ", ".join(
+                f"[{colours.get(s, 'white')}]{n} {s}[/]" for s, n in sorted(states.items())),
+                str(sum(1 for r in group if r.cached_from)), f"{busy:.2f}s", escape(err[:120]))
     console.print(table)
     counts = ", ".join(f"{n} {s}" for s, n in sorted(view.counts().items()))
-    if len(shown) < len(rows):
-        counts += f" ({len(rows) - len(shown)} succeeded tasks not shown)"
     console.print(f"tasks: {counts}")
     if view.state in ("running", "cancelling") and view.driver_alive is False:
         console.print(f"driver is gone: resume with  pipeline resume {view.run_id}")

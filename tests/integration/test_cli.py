@@ -197,3 +197,16 @@ def test_runs_listing_carries_counts_and_parameters(write_flow, ledger: str) -> 
 def test_plugins_lists_embedders(runner: CliRunner) -> None:
     res = runner.invoke(main, ["plugins"])
     assert "embedder:hashing" in res.output and "executor:dask" in res.output
+
+
+def test_status_table_shows_item_keys_and_groups_large_runs(runner: CliRunner, write_flow,
+                                                            ledger: str) -> None:
+    flow = write_flow(FLOW)
+    small = runner.invoke(main, ["run", flow, "-p", "n=3", "--store", ledger, "--json"])
+    run_id = json.loads(small.output)["run_id"]
+    res = runner.invoke(main, ["status", run_id, "--store", ledger])
+    assert "square[0]" in res.output and "square[2]" in res.output
+    big = runner.invoke(main, ["run", flow, "-p", "n=80", "--store", ledger])
+    assert big.exit_code == 0
+    lines = [ln for ln in big.output.splitlines() if "square" in ln and "80 succeeded" in ln]
+    assert lines, big.output
