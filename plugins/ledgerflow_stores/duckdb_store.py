@@ -459,7 +459,8 @@ class DuckDBStore:
                 records.extend(json.loads(line))
         return records
 
-    def _load(self, con: Any, run_id: str) -> tuple[RunView | None, dict[int, int]]:
+    def _load(self, con: Any, run_id: str, *, tasks: bool = True,
+              upstream: bool = True) -> tuple[RunView | None, dict[int, int]]:
         if con is None:
             return None, {}
         row = con.execute(
@@ -476,22 +477,28 @@ class DuckDBStore:
                        options=options or "{}", created_at=created or 0.0, state=state,
                        reason=reason or "", ended_at=ended, token=token or 0,
                        max_seq=max_seq or 0, driver_pid=pid, driver_host=host)
+        if not tasks:
+            return view, folded
+        # upstream lists are the costliest column to turn into Python: only lineage needs them
+        ups = "upstream" if upstream else "NULL"
         rows = con.execute(
-            "SELECT task_key, task_name, node, item_key, position, upstream, code_version, state, "
+            f"SELECT task_key, task_name, node, item_key, position, {ups}, code_version, state, "
             "attempts, budget_base, started_at, ended_at, error, fingerprint, result_hash, "
             "result_kind, result_data, result_uri, result_size, cached_from, result_attempt "
             "FROM tasks WHERE run_id = ? ORDER BY rowid", [run_id]).fetchall()
-        tasks = view.tasks
+        by_key = view.tasks
         for r in rows:
-            tasks[r[0]] = TaskRow(r[0], r[1], r[2], r[3], r[4], list(r[5] or ()), r[6], r[7],
-                                  r[8] or 0, r[9] or 0, r[10], r[11], r[12], r[13], r[14],
-                                  r[15], r[16], r[17], r[18] or 0, r[19], r[20] or 0)
+            by_key[r[0]] = TaskRow(r[0], r[1], r[2], r[3], r[4], list(r[5] or ()), r[6], r[7],
+                                   r[8] or 0, r[9] or 0, r[10], r[11], r[12], r[13], r[14],
+                                   r[15], r[16], r[17], r[18] or 0, r[19], r[20] or 0)
         return view, folded
 
-    def get_run(self, run_id: str) -> RunView:
+    def get_run(self, run_id: str, *, tasks: bool = True, upstream: bool = True) -> RunView:
         with self._db(False) as con:
-            view, folded = self._load(con, run_id)
+            view, folded = self._load(con, run_id, tasks=tasks, upstream=upstream)
             tail = self._tail(run_id, folded)
+        if not tasks:
+            tail = [r for r in tail if r[0] in ("D", "H", "S")]
         if view is None:
             if not tail:
                 raise RunNotFoundError(f"no run {run_id!r} in {self.location}")
@@ -546,7 +553,8 @@ class DuckDBStore:
     def cancel_requested(self, run_id: str) -> bool:
         return os.path.exists(self.side / "runs" / run_id / "cancel")
 
-    def cache_lookup(self, task_names: Iterable[str]) -> dict[str, tuple[Any, ...]]:
+    def cache_lookup(self, task_names: Iterable[str],
+                     exclude_run: str | None = None) -> dict[str, tuple[Any, ...]]:
         names = list(task_names)
         out: dict[str, tuple[Any, ...]] = {}
         if not names:
@@ -559,7 +567,8 @@ class DuckDBStore:
                 "SELECT fingerprint, run_id, task_key, result_hash, result_kind, "
                 "result_data, result_uri, result_size FROM tasks "
                 "WHERE state = 'succeeded' AND fingerprint IS NOT NULL "
-                "AND task_name IN (SELECT unnest($1::VARCHAR[]))", [names]).fetchall()
+                "AND task_name IN (SELECT unnest($1::VARCHAR[])) "
+                "AND run_id IS DISTINCT FROM $2", [names, exclude_run]).fetchall()
         for fp, *rest in rows:
             out.setdefault(fp, tuple(rest))
         return out

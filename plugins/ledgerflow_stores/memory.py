@@ -78,11 +78,13 @@ class MemoryStore:
             return decode(kind, self._blobs[uri])
         return decode(kind, (data or "null").encode())
 
-    def get_run(self, run_id: str) -> RunView:
+    def get_run(self, run_id: str, *, tasks: bool = True, upstream: bool = True) -> RunView:
         with self._lock:
             records = self._records.get(run_id)
             if records is None:
                 raise RunNotFoundError(f"no run {run_id!r} in {self.location}")
+            if not tasks:
+                records = [r for r in records if r[0] in ("D", "H", "S")]
             copy = apply(RunView(run_id), records)
         copy.driver_alive = run_id in self._held
         return copy
@@ -98,10 +100,13 @@ class MemoryStore:
     def cancel_requested(self, run_id: str) -> bool:
         return run_id in self._cancel
 
-    def cache_lookup(self, task_names: Iterable[str]) -> dict[str, tuple[Any, ...]]:
+    def cache_lookup(self, task_names: Iterable[str],
+                     exclude_run: str | None = None) -> dict[str, tuple[Any, ...]]:
         names = set(task_names)
         out: dict[str, tuple[Any, ...]] = {}
         for run_id in list(self._records):
+            if run_id == exclude_run:
+                continue
             view = self.get_run(run_id)
             for row in view.tasks.values():
                 if row.state == "succeeded" and row.task_name in names and row.fingerprint:

@@ -225,10 +225,15 @@ def _drive_cli(start: Callable[[threading.Event, Any], Run], as_json: bool,
             progress.close()
 
 
+def _json(doc: object, size: int) -> str:
+    # indented JSON goes through the pure-Python encoder: ~20 µs a task on big runs
+    return json.dumps(doc, indent=2 if size <= 1000 else None)
+
+
 def _finish(run: Run, as_json: bool) -> None:
-    view = run.status()
+    view = run.store.get_run(run.run_id, upstream=False)
     if as_json:
-        click.echo(json.dumps(view.as_json(), indent=2))
+        click.echo(_json(view.as_json(), len(view.tasks)))
     else:
         _summary(view)
         click.echo(f"details: pipeline status {view.run_id}")
@@ -321,7 +326,7 @@ def resume(run_id: str, plan: bool, store: str | None, executor: str | None,
         return
     api.check_executor(executor)
     st = api._store_for(api._settings(store, None, None, None))
-    total = len(st.get_run(run_id).tasks)
+    total = len(st.get_run(run_id, upstream=False).tasks)
     if not as_json:
         click.echo(f"run {run_id}  resuming")
 
@@ -362,9 +367,9 @@ def status(run_id: str, store: str | None, as_json: bool) -> None:
       pipeline status 20261129-194138-3fa9c2 --json
     """
     st = api._store_for(api._settings(store, None, None, None))
-    view = st.get_run(run_id)
+    view = st.get_run(run_id, upstream=False)
     if as_json:
-        click.echo(json.dumps(view.as_json(), indent=2))
+        click.echo(_json(view.as_json(), len(view.tasks)))
         return
     _summary(view, all_rows=True)
     notes = st.notices(run_id)

@@ -314,7 +314,7 @@ def resume(run_id: str, *, store: str | None = None, executor: object = None,
     """
     settings = _settings(store, executor, workers, fail_fast, dask_address=dask_address)
     st = _store_for(settings)
-    view = st.get_run(run_id)
+    view = st.get_run(run_id, tasks=False)
     if view.state == "succeeded":
         raise NotResumableError(f"run {run_id} already succeeded; nothing to resume",
                                 hint="start a new run with: pipeline run ...")
@@ -323,8 +323,10 @@ def resume(run_id: str, *, store: str | None = None, executor: object = None,
     ex = make_executor(executor if executor is not None and not isinstance(executor, str)
                        else settings.executor, settings)
     lease = st.take_over(run_id)
-    prior = st.get_run(run_id)       # re-read: the takeover folded what the old driver left
-    cache = st.cache_lookup(sorted({n.task.name for n in graph if n.task.options.cache}))
+    # re-read: the takeover folded what the old driver left
+    prior = st.get_run(run_id, upstream=False)
+    cache = st.cache_lookup(sorted({n.task.name for n in graph if n.task.options.cache}),
+                            exclude_run=run_id)
     st.append(lease, [driver_header(lease.token), ("S", "running", "resumed", time.time())])
     return _drive(pipe, graph, st, ex, settings, run_id, lease, prior, cache, wait, True,
                   progress, cancel_event)
@@ -333,7 +335,7 @@ def resume(run_id: str, *, store: str | None = None, executor: object = None,
 def plan_resume(run_id: str, *, store: str | None = None) -> list[tuple[str, str, str]]:
     """What a resume would do, per task: ``(key, action, why)``; runs nothing."""
     st = _store_for(_settings(store, None, None, None))
-    view = st.get_run(run_id)
+    view = st.get_run(run_id, upstream=False)
     out = []
     for row in view.tasks.values():
         s = row.state

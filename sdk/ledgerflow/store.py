@@ -208,8 +208,12 @@ class RunStore(Protocol):
     def read_blob(self, kind: str, data: str | None, uri: str | None) -> Any:
         """Load a stored result's value."""
 
-    def get_run(self, run_id: str) -> RunView:
-        """Read one run (raises RunNotFoundError)."""
+    def get_run(self, run_id: str, *, tasks: bool = True, upstream: bool = True) -> RunView:
+        """Read one run (raises RunNotFoundError).
+
+        ``tasks=False`` reads only the run's own row; ``upstream=False`` may leave
+        :attr:`TaskRow.upstream` empty (only lineage needs it).
+        """
 
     def list_runs(self, limit: int = 50) -> list[RunView]:
         """Newest runs first, without task rows' details guaranteed."""
@@ -220,8 +224,10 @@ class RunStore(Protocol):
     def cancel_requested(self, run_id: str) -> bool:
         """True once a cancel was requested for ``run_id``."""
 
-    def cache_lookup(self, task_names: Iterable[str]) -> dict[str, tuple[str, str]]:
-        """Map fingerprint -> (run_id, task_key) of committed results of these tasks."""
+    def cache_lookup(self, task_names: Iterable[str],
+                     exclude_run: str | None = None) -> dict[str, tuple[Any, ...]]:
+        """Map fingerprint -> (run_id, task_key, hash, kind, data, uri, size) of committed
+        results of these tasks (``exclude_run``: a run being resumed keeps its own)."""
 
     def lineage(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
         """Lineage rows (direction, uri, content hash, attempt, code version)."""

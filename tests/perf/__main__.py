@@ -115,8 +115,7 @@ def main() -> None:
         "< 1", ratio=False)
     t = time.perf_counter()
     subprocess.run([sys.executable, "-m", "ledgerflow", "resume", run_id, "--store", store,
-                    "--executor", "inline", "--json"], check=True, env=env,
-                   stdout=subprocess.DEVNULL)
+                    "--executor", "inline"], check=True, env=env, stdout=subprocess.DEVNULL)
     add(f"pipeline resume, {n}-task run, one left", time.perf_counter() - t, "s", "< 3",
         ratio=False)
     # graph building
