@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import wait_until
+
 pytestmark = pytest.mark.subprocess
 
 PIPELINE = [sys.executable, "-m", "ledgerflow"]
@@ -93,9 +95,7 @@ def test_kill_9_then_resume_reruns_nothing_that_finished(tmp_path: Path, target:
     proc, run_id = _start(["run", f"{flow}:{target}", "-p", f"n={n}", "--store", ledger,
                            "--workers", str(workers)], env)
     side = tmp_path / "side"
-    deadline = time.time() + 30
-    while time.time() < deadline and len(_counts(side)) < n // 3:
-        time.sleep(0.02)
+    wait_until(lambda: len(_counts(side)) >= n // 3, what="a third of the tasks")
     _kill(proc)
     before = _counts(side)
     assert 0 < len(before) < n
@@ -131,12 +131,9 @@ def test_status_and_cancel_from_a_second_process(tmp_path: Path) -> None:
     ledger = str(tmp_path / "ledger.duckdb")
     env = _env(tmp_path, STEP_DELAY="0.3")
     proc, run_id = _start(["run", f"{flow}:chain", "-p", "n=40", "--store", ledger], env)
-    deadline = time.time() + 30
-    running = []
-    while time.time() < deadline and not running:
-        view = _status(run_id, ledger, env)
-        running = [t for t in view["tasks"] if t["state"] == "running"]
-    assert running, "status from a second process shows a running task"
+    # status from a second process shows a running task
+    wait_until(lambda: [t for t in _status(run_id, ledger, env)["tasks"]
+                        if t["state"] == "running"], what="a running task", every=0)
     res = subprocess.run([*PIPELINE, "cancel", run_id, "--store", ledger], capture_output=True,
                          text=True, env=env, timeout=60)
     assert res.returncode == 0, res.stderr
@@ -204,9 +201,7 @@ def test_ctrl_c_cancels_and_leaves_a_resumable_run(tmp_path: Path) -> None:
     env = _env(tmp_path, STEP_DELAY="0.2")
     proc, run_id = _start(["run", f"{flow}:chain", "-p", "n=30", "--store", ledger], env)
     side = tmp_path / "side"
-    deadline = time.time() + 30
-    while time.time() < deadline and len(_counts(side)) < 3:
-        time.sleep(0.02)
+    wait_until(lambda: len(_counts(side)) >= 3, what="three finished tasks")
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1

@@ -17,6 +17,7 @@ import ledgerflow
 from ledgerflow import pipeline, task
 from ledgerflow.errors import LeaseLostError
 from ledgerflow_stores.duckdb_store import DuckDBStore, _Heartbeat
+from tests.waiting import wait_until
 
 
 def _executed(run: ledgerflow.Run) -> set[str]:
@@ -149,9 +150,7 @@ def test_a_superseded_driver_cannot_write(tmp_path: Path) -> None:
     assert kinds == ["stale_driver_rejected"]
     # and its heartbeat notices the takeover, after which its appends are refused
     beat = _Heartbeat(old, "r1", 1)
-    deadline = time.time() + 5
-    while not beat.fenced and time.time() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: beat.fenced, timeout=5, what="the heartbeat to notice")
     old._beats["r1"] = beat
     with pytest.raises(LeaseLostError):
         old.append(lease, [("S", "failed", "stale", now)])

@@ -11,6 +11,7 @@ import pytest
 import ledgerflow
 from ledgerflow import NonRetryableError, context, pipeline, task
 from ledgerflow_executors.mock import MockExecutor
+from tests.waiting import wait_until
 
 
 def _log(path: Path, name: str, event: str) -> None:
@@ -239,9 +240,8 @@ def test_cancel_starts_nothing_new_and_waits_for_confirmation(tmp_path: Path, le
 
     ex = MockExecutor({"wait_for_cancel": {"hang": True}}) if executor == "mock" else executor
     run = p.run(store=ledger, executor=ex, wait=False)
-    deadline = time.time() + 10
-    while time.time() < deadline and _states(run).get("wait_for_cancel", ("",))[0] != "running":
-        time.sleep(0.02)
+    wait_until(lambda: _states(run).get("wait_for_cancel", ("",))[0] == "running",
+               what="the task to run")
     run.cancel()
     assert run.wait(timeout=20) == "cancelled"
     st = _states(run)
