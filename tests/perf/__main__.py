@@ -40,6 +40,11 @@ def fanout(n: int):
     return noop.map(list(range(n)))
 
 
+def since(start: float) -> float:
+    """Seconds elapsed since ``start`` (a ``perf_counter`` reading)."""
+    return time.perf_counter() - start
+
+
 def plain_call_us(n: int = 200_000) -> float:
     def f(x: int) -> int:
         return x
@@ -106,33 +111,33 @@ def main() -> None:
     target = f"{Path(__file__).resolve()}:chain"
     t = time.perf_counter()
     ledgerflow.plan_resume(run_id, store=store)
-    add(f"resume --plan, {n}-task run, one left (in process)", time.perf_counter() - t, "s",
+    add(f"resume --plan, {n}-task run, one left (in process)", since(t), "s",
         "< 1", ratio=False)
     t = time.perf_counter()
     subprocess.run([sys.executable, "-m", "ledgerflow", "resume", run_id, "--plan", "--store",
                     store], check=True, env=env, stdout=subprocess.DEVNULL)
-    add(f"pipeline resume --plan, {n}-task run, one left", time.perf_counter() - t, "s",
+    add(f"pipeline resume --plan, {n}-task run, one left", since(t), "s",
         "< 1", ratio=False)
     t = time.perf_counter()
     subprocess.run([sys.executable, "-m", "ledgerflow", "resume", run_id, "--store", store,
                     "--executor", "inline"], check=True, env=env, stdout=subprocess.DEVNULL)
-    add(f"pipeline resume, {n}-task run, one left", time.perf_counter() - t, "s", "< 3",
+    add(f"pipeline resume, {n}-task run, one left", since(t), "s", "< 3",
         ratio=False)
     # graph building
     for m in sizes:
         t = time.perf_counter()
         chain.build(n=m)
-        add(f"trace a {m}-call pipeline body", time.perf_counter() - t, "s",
+        add(f"trace a {m}-call pipeline body", since(t), "s",
             "< 1" if m == 100_000 else "-", ratio=False)
     # start-up
     t = time.perf_counter()
     subprocess.run([sys.executable, "-c", "import ledgerflow"], check=True, env=env)
-    add("import ledgerflow (process)", time.perf_counter() - t, "s", "< 0.3", ratio=False)
+    add("import ledgerflow (process)", since(t), "s", "< 0.3", ratio=False)
     t = time.perf_counter()
     subprocess.run([sys.executable, "-m", "ledgerflow", "run", target, "-p", "n=100",
                     "--store", str(tmp / "startup.duckdb"), "--json"], check=True, env=env,
                    stdout=subprocess.DEVNULL)
-    add("pipeline run, 100 tasks, whole process", time.perf_counter() - t, "s", "< 0.5",
+    add("pipeline run, 100 tasks, whole process", since(t), "s", "< 0.5",
         ratio=False)
     doc = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                        "platform": platform.platform()}, "rows": rows}
