@@ -20,9 +20,15 @@ _STOP = None
 
 
 class ThreadExecutor:
-    """Runs jobs on ``workers`` threads, replacing abandoned ones."""
+    """Runs jobs on ``workers`` threads, replacing abandoned ones.
+
+    When a task without a timeout is the only one that can run (a chain), the
+    runner calls it in the driver thread instead (``inline_when_alone``): a
+    thread hand-off per task would add ~50 µs and change nothing else.
+    """
 
     name = "threads"
+    inline_when_alone = True
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()

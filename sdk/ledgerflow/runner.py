@@ -23,7 +23,7 @@ from typing import Any
 
 from .config import Settings
 from .errors import InvalidTransitionError, PipelineError
-from .executor import Completion, Executor, Job
+from .executor import Completion, Executor, Job, execute
 from .graph import Graph
 from .keys import digest, fingerprint
 from .results import decode
@@ -77,6 +77,9 @@ class Runner:
         self.next_poll = 0.0
         self.idem_prefix = run_id + "\x00"
         self._driver = threading.get_ident()
+        # an executor may let a lone task run in the driver thread: nothing else could
+        # run meanwhile, so the thread hand-off would only add latency
+        self.inline_when_alone = bool(getattr(executor, "inline_when_alone", False))
 
     # -- records ------------------------------------------------------------------------
     def _move(self, inst: Inst, target: str, reason: str = "") -> None:
@@ -317,6 +320,16 @@ class Runner:
         self._move(inst, "running", f"attempt {inst.attempt}")
         if opts.timeout is not None:
             self._timer(time.monotonic() + opts.timeout, "timeout", job.id)
+        elif self.inline_when_alone and self.inflight == 1 and not self.ready \
+                and not self.unlock:
+            # commit "running" first: other processes must see what is running
+            records, self.buf = self.buf, []
+            self.store.append(self.lease, records)
+            c = execute(job, self._cancel_seen)
+            if not self.cancelling and self._cancel_seen():
+                self._start_cancel("cancel requested")   # running -> cancelling first
+            self._on_complete(c)
+            return
         try:
             self.executor.submit(job)
         except Exception as exc:  # executor refused (e.g. unpicklable function)
@@ -325,6 +338,9 @@ class Runner:
                                          error_message=f"executor could not start it: {exc}",
                                          started_at=time.time(), ended_at=time.time(),
                                          has_value=False))
+
+    def _cancel_seen(self) -> bool:
+        return self.cancel_event.is_set() or self.store.cancel_requested(self.run_id)
 
     def _timer(self, when: float, kind: str, payload: Any) -> None:
         self.next_job += 1

@@ -333,3 +333,26 @@ def test_inline_timeout_is_detected_when_the_attempt_returns(ledger: str) -> Non
     assert _states(run)["overrun"] == ("failed", 2)
     assert [a["outcome"] for a in run.attempts("overrun")] == ["timeout", "timeout"]
     assert [n["kind"] for n in run.notices()] == ["late_result_rejected"] * 2
+
+
+def test_a_lone_task_runs_in_the_driver_thread_on_threads(ledger: str) -> None:
+    """A chain on ``threads`` skips the hand-off; tasks with a timeout still use the pool."""
+    import threading
+    seen: dict[str, bool] = {}
+
+    @task
+    def lone() -> int:
+        seen["lone"] = threading.current_thread() is threading.main_thread()
+        return 1
+
+    @task(timeout=5)
+    def guarded(x: int) -> int:
+        seen["guarded"] = threading.current_thread() is threading.main_thread()
+        return x
+
+    @pipeline
+    def p():
+        return guarded(lone())
+
+    assert p.run(store=ledger, executor="threads").result() == 1
+    assert seen == {"lone": True, "guarded": False}
