@@ -84,8 +84,10 @@ def execute(job: Job, cancel: Callable[[], bool] | None = None, *,
     ctx = RunContext(run_id=job.run_id, task_key=job.task_key, attempt=job.attempt,
                      idempotency_key=job.idempotency_key, _cancel=cancel)
     started = time.time()
+    fn = job.fn
+    inner = getattr(fn, "_plain", None)     # a Task: call its function directly
     try:
-        value = run_in_context(ctx, job.fn, job.args, job.kwargs)
+        value = run_in_context(ctx, inner or fn, job.args, job.kwargs)
     except TaskCancelled:
         return Completion(job.id, "cancelled", started_at=started, ended_at=time.time(),
                           lineage=ctx.lineage, has_value=False)

@@ -80,8 +80,10 @@ class Build:
         key = self._key(t.name)
         deps: list[str] = []
         has_refs = self._scan(args, deps) | self._scan(list(kwargs.values()), deps)
-        node = Node(key, t, False, args, kwargs, tuple(dict.fromkeys(deps)),
-                    self._after(key, after), where=where, has_refs=has_refs)
+        node = Node(key, t, False, args, kwargs,
+                    tuple(dict.fromkeys(deps)) if len(deps) > 1 else tuple(deps),
+                    self._after(key, after) if after is not None else (), where=where,
+                    has_refs=has_refs)
         self.graph.nodes[key] = node
         return TaskRef(key)
 

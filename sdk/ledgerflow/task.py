@@ -77,13 +77,14 @@ class MapRef:
 class Task(Generic[P, R]):
     """A function made into a pipeline step by :func:`task`."""
 
-    __slots__ = ("__dict__", "_version", "fn", "name", "options")
+    __slots__ = ("__dict__", "_plain", "_version", "fn", "name", "options")
 
     def __init__(self, fn: Callable[P, R], options: TaskOptions) -> None:
         self.fn = fn
         self.options = options
         self.name: str = options.name or fn.__name__
         self._version: str | None = options.version
+        self._plain = fn          # what executors call (no tracing check on the hot path)
         functools.update_wrapper(self, fn)
 
     @property
