@@ -47,6 +47,8 @@ class Settings:
             values["workers"] = _positive_int("LEDGERFLOW_WORKERS", env["LEDGERFLOW_WORKERS"])
         if env.get("LEDGERFLOW_DASK_ADDRESS"):
             values["dask_address"] = env["LEDGERFLOW_DASK_ADDRESS"]
+        if env.get("LEDGERFLOW_CANCEL_GRACE"):   # seconds to wait for a cancel to be confirmed
+            values["options"] = {"cancel_grace": env["LEDGERFLOW_CANCEL_GRACE"]}
         values.update({k: v for k, v in overrides.items() if v is not None})
         settings = cls(**values)  # type: ignore[arg-type]
         if settings.workers < 1:

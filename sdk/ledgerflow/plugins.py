@@ -40,13 +40,6 @@ def get_plugin_manager() -> pluggy.PluginManager:
         return _pm
 
 
-def reset_plugin_manager() -> None:
-    """Forget the plugin manager (tests that register plugins use this)."""
-    global _pm
-    with _lock:
-        _pm = None
-
-
 def _build() -> pluggy.PluginManager:
     pm = pluggy.PluginManager("ledgerflow")
     pm.add_hookspecs(hookspecs)

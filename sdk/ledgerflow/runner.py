@@ -446,11 +446,9 @@ class Runner:
         self.unlock.append(inst)
 
     def _retry_or_fail(self, inst: Inst, reason: str, exc: BaseException | None) -> None:
+        # only running attempts get here: a cancel moves every running task to
+        # "cancelling" first, and _complete settles those itself
         opts = inst.node.task.options
-        if inst.state == "cancelling" or self.cancelling:
-            self._move(inst, "failed" if inst.state == "running" else "cancelled", reason)
-            self.plan.failed(inst)
-            return
         if opts.retryable(exc) and inst.used <= opts.retries:
             delay = opts.delay(inst.used, self.rand.random())
             self._move(inst, "retry_wait", f"{reason}; retry in {delay:.3g}s")

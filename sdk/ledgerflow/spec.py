@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import DefinitionError, InputError
+from .errors import InputError
 from .graph import Graph, Node
 from .pipeline import Pipeline
 from .task import Task, TaskRef
@@ -110,12 +110,3 @@ class SpecPipeline(Pipeline[..., Any]):
         order = graphlib.TopologicalSorter({k: n.upstream for k, n in graph.nodes.items()})
         graph.nodes = {k: graph.nodes[k] for k in order.static_order()}
         return graph
-
-
-def check(path: str | Path) -> Graph:
-    """Load and validate a spec; raise :class:`DefinitionError` listing all problems."""
-    pipe = load_spec(path)
-    try:
-        return pipe.build()
-    except DefinitionError:
-        raise

@@ -60,6 +60,13 @@ def _env(tmp: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def _project(tmp: Path, **extra: str) -> tuple[Path, str, dict[str, str]]:
+    """A pipeline file, a ledger path and an environment in ``tmp``."""
+    flow = tmp / "flow.py"
+    flow.write_text(CHAIN)
+    return flow, str(tmp / "ledger.duckdb"), _env(tmp, **extra)
+
+
 def _start(args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen([*PIPELINE, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
@@ -88,10 +95,7 @@ def _counts(side: Path) -> dict[str, int]:
 @pytest.mark.parametrize("target, workers, n", [("chain", 1, 15), ("fanout", 4, 40)])
 def test_kill_9_then_resume_reruns_nothing_that_finished(tmp_path: Path, target: str,
                                                          workers: int, n: int) -> None:
-    flow = tmp_path / "flow.py"
-    flow.write_text(CHAIN)
-    ledger = str(tmp_path / "ledger.duckdb")
-    env = _env(tmp_path)
+    flow, ledger, env = _project(tmp_path)
     proc, run_id = _start(["run", f"{flow}:{target}", "-p", f"n={n}", "--store", ledger,
                            "--workers", str(workers)], env)
     side = tmp_path / "side"
@@ -126,10 +130,7 @@ def test_kill_9_then_resume_reruns_nothing_that_finished(tmp_path: Path, target:
 
 
 def test_status_and_cancel_from_a_second_process(tmp_path: Path) -> None:
-    flow = tmp_path / "flow.py"
-    flow.write_text(CHAIN)
-    ledger = str(tmp_path / "ledger.duckdb")
-    env = _env(tmp_path, STEP_DELAY="0.3")
+    flow, ledger, env = _project(tmp_path, STEP_DELAY="0.3")
     proc, run_id = _start(["run", f"{flow}:chain", "-p", "n=40", "--store", ledger], env)
     # status from a second process shows a running task
     wait_until(lambda: [t for t in _status(run_id, ledger, env)["tasks"]
@@ -149,10 +150,7 @@ def test_status_and_cancel_from_a_second_process(tmp_path: Path) -> None:
 
 
 def test_resume_of_a_live_run_is_refused(tmp_path: Path) -> None:
-    flow = tmp_path / "flow.py"
-    flow.write_text(CHAIN)
-    ledger = str(tmp_path / "ledger.duckdb")
-    env = _env(tmp_path, STEP_DELAY="0.3")
+    flow, ledger, env = _project(tmp_path, STEP_DELAY="0.3")
     proc, run_id = _start(["run", f"{flow}:chain", "-p", "n=20", "--store", ledger], env)
     try:
         time.sleep(1.0)
@@ -195,10 +193,7 @@ def items(xs: list):
 
 
 def test_ctrl_c_cancels_and_leaves_a_resumable_run(tmp_path: Path) -> None:
-    flow = tmp_path / "flow.py"
-    flow.write_text(CHAIN)
-    ledger = str(tmp_path / "ledger.duckdb")
-    env = _env(tmp_path, STEP_DELAY="0.2")
+    flow, ledger, env = _project(tmp_path, STEP_DELAY="0.2")
     proc, run_id = _start(["run", f"{flow}:chain", "-p", "n=30", "--store", ledger], env)
     side = tmp_path / "side"
     wait_until(lambda: len(_counts(side)) >= 3, what="three finished tasks")
@@ -215,10 +210,7 @@ def test_ctrl_c_cancels_and_leaves_a_resumable_run(tmp_path: Path) -> None:
 
 
 def test_two_runs_on_one_ledger_both_proceed(tmp_path: Path) -> None:
-    flow = tmp_path / "flow.py"
-    flow.write_text(CHAIN)
-    ledger = str(tmp_path / "ledger.duckdb")
-    env = _env(tmp_path, STEP_DELAY="0.05")
+    flow, ledger, env = _project(tmp_path, STEP_DELAY="0.05")
     procs = [subprocess.Popen([*PIPELINE, "run", f"{flow}:fanout", "-p", f"n={n}", "--store",
                                ledger, "--json"], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env) for n in (30, 31)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -356,3 +357,40 @@ def test_a_lone_task_runs_in_the_driver_thread_on_threads(ledger: str) -> None:
 
     assert p.run(store=ledger, executor="threads").result() == 1
     assert seen == {"lone": True, "guarded": False}
+
+
+def test_an_unconfirmed_cancel_is_left_cancelling_with_a_notice(
+        ledger: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LEDGERFLOW_CANCEL_GRACE", "0.3")
+
+    @task
+    def deaf() -> int:
+        return 1
+
+    @pipeline
+    def p():
+        return deaf()
+
+    run = p.run(store=ledger, executor=MockExecutor({"deaf": {"late": 3}}), wait=False)
+    wait_until(lambda: _states(run).get("deaf", ("",))[0] == "running", what="the task to run")
+    run.cancel()
+    assert run.wait(timeout=20) == "cancelled"
+    assert _states(run)["deaf"][0] == "cancelling"      # never claimed stopped
+    assert [n["kind"] for n in run.notices()] == ["cancel_unconfirmed"]
+
+
+def test_a_worker_process_that_dies_loses_its_attempt(ledger: str, tmp_path: Path) -> None:
+    @task(retries=1)
+    def crash(marker: str) -> str:
+        if not Path(marker).exists():
+            Path(marker).touch()
+            os._exit(1)            # the worker process dies mid-attempt
+        return "second attempt"
+
+    @pipeline
+    def p():
+        return crash(str(tmp_path / "crashed-once"))
+
+    run = p.run(store=ledger, executor="processes")
+    assert run.result() == "second attempt"
+    assert [a["outcome"] for a in run.attempts("crash")] == ["lost", "ok"]
