@@ -53,6 +53,9 @@ from ledgerflow_stores.memory import attempt_dict, lineage_rows
 SCHEMA_VERSION = 1
 INLINE_LIMIT = 2048
 FOLD_BATCH_BYTES = 4 << 20
+#: A commit creating more tasks than this is written as several lines, split
+#: before a ``T`` record (see :func:`_split_at_creations`).
+LINE_RECORDS = 10_000
 TERMINAL_SQL = "('succeeded','failed','cancelled','upstream_failed')"
 
 MIGRATIONS: list[tuple[int, list[str]]] = [
@@ -327,12 +330,18 @@ class DuckDBStore:
         return Lease(run_id, token)
 
     def append(self, lease: Lease, records: Sequence[Sequence[Any]]) -> None:
+        if not records:
+            return
         entry = self._fds.get(lease.run_id)
         beat = self._beats.get(lease.run_id)
         if entry is None or entry[0] != lease.token or (beat is not None and beat.fenced):
             raise LeaseLostError(f"run {lease.run_id} was taken over by another driver; "
                                  f"token {lease.token} is no longer valid")
-        data = (json.dumps(records, separators=(",", ":")) + "\n").encode()
+        if len(records) > LINE_RECORDS:
+            data = "".join(json.dumps(part, separators=(",", ":")) + "\n"
+                           for part in _split_at_creations(records)).encode()
+        else:
+            data = (json.dumps(records, separators=(",", ":")) + "\n").encode()
         fd = entry[1]
         os.write(fd, data)
         if self.sync == "full":
@@ -394,17 +403,19 @@ class DuckDBStore:
             # one transaction per bounded batch, its journal offset committed with it:
             # memory stays flat however long the journal is, and a crash mid-fold
             # resumes from the last committed batch
-            for lines, end in _iter_lines(path, start, FOLD_BATCH_BYTES):
+            for body, end in _iter_lines(path, start, FOLD_BATCH_BYTES):
                 con.execute("BEGIN")
                 try:
                     if stale:   # what a superseded driver wrote after the takeover
-                        count = sum(len(json.loads(line)) for line in lines)
+                        count = sum(len(json.loads(line)) for line in body.split(b"\n")
+                                    if line)
                         con.execute("INSERT INTO notices VALUES (?, NULL, NULL, ?, ?, ?)",
                                     [run_id, "stale_driver_rejected",
                                      f"rejected {count} record(s) written under superseded "
                                      f"token {token}", time.time()])
                     else:
-                        _insert(con, run_id, token, lines)
+                        _insert(con, run_id, token, body,
+                                self.side / "tmp" / f"fold-{os.getpid()}-{threading.get_ident()}.json")
                     con.execute("INSERT OR REPLACE INTO journal_folds VALUES (?, ?, ?)",
                                 [run_id, token, end])
                     con.execute("COMMIT")
@@ -632,58 +643,77 @@ class _Heartbeat:
         self._stop.set()
 
 
+def _split_at_creations(records: Sequence[Sequence[Any]]) -> Iterator[Sequence[Sequence[Any]]]:
+    """Cut a large commit into parts of about ``LINE_RECORDS`` records.
+
+    Cuts fall only before a ``T`` record (a task's creation), so a part never
+    separates a result from its state change: a crash that keeps only the
+    first parts leaves a ledger that is a consistent prefix (resume creates
+    the tasks whose records were lost). Keeping lines short keeps the fold's
+    memory bounded: a 100,000-task pipeline is not one 16 MB line.
+    """
+    start = 0
+    for i in range(LINE_RECORDS, len(records)):
+        if i - start >= LINE_RECORDS and records[i][0] == "T":
+            yield records[start:i]
+            start = i
+    yield records[start:]
+
+
 def _read_lines(path: Path, start: int) -> tuple[list[bytes], int]:
     """Complete lines of ``path`` from byte ``start``; a torn last line is left out."""
     lines: list[bytes] = []
     end = start
-    for batch, offset in _iter_lines(path, start, 1 << 62):
-        lines.extend(batch)
+    for body, offset in _iter_lines(path, start, 0):
+        lines.extend(ln for ln in body.split(b"\n") if ln)
         end = offset
     return lines, end
 
 
-def _iter_lines(path: Path, start: int, limit: int) -> Iterator[tuple[list[bytes], int]]:
-    """Yield batches of complete lines (about ``limit`` bytes each) and the offset after them."""
+def _iter_lines(path: Path, start: int, limit: int) -> Iterator[tuple[bytes, int]]:
+    """Yield runs of complete lines (about ``limit`` bytes each, 0: all; without
+    the last newline) and the offset after them; a torn last line is left out."""
     try:
         fh = open(path, "rb")
     except FileNotFoundError:
         return
     with fh:
         fh.seek(start)
-        pending = b""
         offset = start
+        pending = b""
         while True:
-            chunk = fh.read(min(limit, 1 << 24))
-            data = pending + chunk
+            data = pending + fh.read(max(limit - len(pending), 1 << 16) if limit else -1)
             cut = data.rfind(b"\n")
-            if cut >= 0 and (len(data) >= limit or not chunk):
-                body, pending = data[:cut], data[cut + 1:]
-                offset += cut + 1
-                yield [ln for ln in body.split(b"\n") if ln], offset
-            else:
-                pending = data
-            if not chunk:
-                return
+            if cut < 0:
+                more = fh.read(1 << 22)     # one line longer than the batch: read it all
+                if not more:
+                    return
+                pending = data + more
+                continue
+            pending = data[cut + 1:]
+            offset += cut + 1
+            yield data[:cut], offset
+            del data
 
 
-#: Per record kind, the SQL that turns the parsed journal (``lf_raw``: one JSON
-#: array per record, ``i`` its position) into a typed staging table.
+#: Per record kind, the SQL that turns the parsed journal (``lf_raw``: each record
+#: as a ``VARCHAR[]`` ``r``, ``i`` its position) into a typed staging table.
 _STAGES: dict[str, str] = {
-    "T": """SELECT i, rec->>1 AS key, rec->>2 AS name, rec->>3 AS node, rec->>4 AS item,
-                   (rec->>5)::INTEGER AS pos, json_transform(rec->6, '["VARCHAR"]') AS upstream,
-                   rec->>7 AS version, (rec->>8)::DOUBLE AS at""",
-    "E": """SELECT i, (rec->>1)::BIGINT AS seq, rec->>2 AS key, (rec->>3)::INTEGER AS attempt,
-                   rec->>4 AS frm, rec->>5 AS "to", rec->>6 AS reason, (rec->>7)::DOUBLE AS ts""",
-    "A": """SELECT i, rec->>1 AS key, (rec->>2)::INTEGER AS attempt, rec->>3 AS outcome,
-                   (rec->>4)::DOUBLE AS started, (rec->>5)::DOUBLE AS ended,
-                   rec->>6 AS etype, rec->>7 AS emsg, rec->>8 AS tb""",
-    "R": """SELECT i, rec->>1 AS key, (rec->>2)::INTEGER AS attempt, rec->>3 AS fp,
-                   rec->>4 AS hash, rec->>5 AS kind, rec->>6 AS data, rec->>7 AS uri,
-                   (rec->>8)::BIGINT AS size, rec->>9 AS cached""",
-    "L": """SELECT i, rec->>1 AS key, (rec->>2)::INTEGER AS attempt, rec->>3 AS direction,
-                   rec->>4 AS uri, rec->>5 AS hash, (rec->6)::VARCHAR AS attrs""",
-    "N": """SELECT i, rec->>1 AS key, (rec->>2)::INTEGER AS attempt, rec->>3 AS kind,
-                   rec->>4 AS message, (rec->>5)::DOUBLE AS ts""",
+    "T": """SELECT i, r[2] AS key, r[3] AS name, r[4] AS node, r[5] AS item,
+                   r[6]::INTEGER AS pos, json_transform(r[7], '["VARCHAR"]') AS upstream,
+                   r[8] AS version, r[9]::DOUBLE AS at""",
+    "E": """SELECT i, r[2]::BIGINT AS seq, r[3] AS key, r[4]::INTEGER AS attempt,
+                   r[5] AS frm, r[6] AS "to", r[7] AS reason, r[8]::DOUBLE AS ts""",
+    "A": """SELECT i, r[2] AS key, r[3]::INTEGER AS attempt, r[4] AS outcome,
+                   r[5]::DOUBLE AS started, r[6]::DOUBLE AS ended,
+                   r[7] AS etype, r[8] AS emsg, r[9] AS tb""",
+    "R": """SELECT i, r[2] AS key, r[3]::INTEGER AS attempt, r[4] AS fp,
+                   r[5] AS hash, r[6] AS kind, r[7] AS data, r[8] AS uri,
+                   r[9]::BIGINT AS size, r[10] AS cached""",
+    "L": """SELECT i, r[2] AS key, r[3]::INTEGER AS attempt, r[4] AS direction,
+                   r[5] AS uri, r[6] AS hash, r[7] AS attrs""",
+    "N": """SELECT i, r[2] AS key, r[3]::INTEGER AS attempt, r[4] AS kind,
+                   r[5] AS message, r[6]::DOUBLE AS ts""",
 }
 
 
@@ -691,8 +721,8 @@ _STAGES: dict[str, str] = {
 def _staged(con: Any, kind: str) -> Iterator[str]:
     """Expose the records of one kind to SQL as the temp table ``lf_<kind>``."""
     name = f"lf_{kind.lower()}"
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS {_STAGES[kind]} FROM lf_raw "
-                f"WHERE rec->>0 = '{kind}'")
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS {_STAGES[kind]} "
+                f"FROM (SELECT rowid AS i, r FROM lf_raw) WHERE r[1] = '{kind}'")
     try:
         yield name
     finally:
@@ -700,22 +730,35 @@ def _staged(con: Any, kind: str) -> Iterator[str]:
             con.execute(f"DROP TABLE IF EXISTS {name}")
 
 
-def _insert(con: Any, run_id: str, token: int, lines: list[bytes]) -> None:
-    """Fold journal lines into the tables, set-based.
+def _insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> None:
+    """Fold journal lines (``body``: complete lines) into the tables, set-based.
 
-    DuckDB parses the JSON itself (one statement for the whole batch), so the
-    fold costs a few microseconds per record and needs no Arrow conversion
-    (building Arrow arrays from Python lists makes pyarrow import pandas).
+    The lines' records are written out as one JSON array that DuckDB's JSON
+    reader streams into ``lf_raw``, one row per record (each a list of text
+    fields, ``rowid`` its position): one parse, in bounded memory even for a
+    commit of 100,000 task records, and no Arrow conversion (building Arrow
+    arrays from Python lists makes pyarrow import pandas). The staging
+    queries then only index and cast.
     """
-    payload = b"[" + b",".join(lines) + b"]"
-    con.execute("CREATE OR REPLACE TEMP TABLE lf_raw AS SELECT unnest(l) AS rec, "
-                "generate_subscripts(l, 1) AS i FROM "
-                "(SELECT json_extract($1::JSON, '$[*][*]') AS l)", [payload.decode()])
+    # every line is a JSON array and JSON text never holds a raw newline, so
+    # "]\n[" occurs only between lines: joining the arrays is one replace
+    padded = b"\n" + body + b"\n"
+    if b"\n[]\n" in padded or b"\n\n" in padded:     # rare: empty commits or lines
+        body = b"\n".join(ln for ln in body.split(b"\n") if ln not in (b"", b"[]")) or b"[]"
+    del padded
+    scratch.parent.mkdir(parents=True, exist_ok=True)
+    scratch.write_bytes(body.replace(b"]\n[", b","))
+    del body
     try:
-        kinds = {k for (k,) in con.execute("SELECT DISTINCT rec->>0 FROM lf_raw").fetchall()}
-        small = [json.loads(r) for (r,) in con.execute(
-            "SELECT rec::VARCHAR FROM lf_raw WHERE rec->>0 IN ('D', 'H', 'S') "
-            "ORDER BY i").fetchall()]
+        con.execute("CREATE OR REPLACE TEMP TABLE lf_raw AS SELECT json AS r FROM "
+                    "read_json($1, format='array', records=false, "
+                    "columns={'json': 'VARCHAR[]'})", [str(scratch)])
+    finally:
+        scratch.unlink(missing_ok=True)
+    try:
+        kinds = {k for (k,) in con.execute("SELECT DISTINCT r[1] FROM lf_raw").fetchall()}
+        small = [r for (r,) in con.execute(
+            "SELECT r FROM lf_raw WHERE r[1] IN ('D', 'H', 'S') ORDER BY rowid").fetchall()]
         _insert_small(con, run_id, token, small)
         if "T" in kinds:
             with _staged(con, "T"):
@@ -743,7 +786,7 @@ def _insert(con: Any, run_id: str, token: int, lines: list[bytes]) -> None:
                 con.execute("INSERT INTO notices SELECT ?, key, attempt, kind, message, ts "
                             "FROM lf_n", [run_id])
         for _, state, reason, at in [r for r in small if r[0] == "S"][-1:]:
-            ended = at if state in ("succeeded", "failed", "cancelled") else None
+            ended = float(at) if state in ("succeeded", "failed", "cancelled") else None
             con.execute("UPDATE runs SET state = ?, reason = ?, ended_at = ? WHERE run_id = ?",
                         [state, reason, ended, run_id])
     finally:
@@ -755,12 +798,14 @@ def _insert_small(con: Any, run_id: str, token: int, records: list[Any]) -> None
     for rec in records:
         if rec[0] == "D":
             _, rid, pipe, target, params, created, options = rec
+            created = float(created)
             con.execute("INSERT INTO runs (run_id, pipeline, target, params, options, state, "
                         "created_at, token, max_seq) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, 0) "
                         "ON CONFLICT DO NOTHING",
                         [rid, pipe, target, params, options, created, token])
         elif rec[0] == "H":
             _, htoken, pid, host, _at = rec
+            htoken, pid = int(htoken), int(pid)
             con.execute("UPDATE runs SET token = greatest(coalesce(token, 0), ?), "
                         "driver_pid = ?, driver_host = ? WHERE run_id = ?",
                         [htoken, pid, host, run_id])

@@ -34,6 +34,9 @@ from .store import Lease, RunStore, RunView
 log = logging.getLogger("ledgerflow")
 
 _FAILED_LIKE = ("failed", "cancelled", "upstream_failed")
+#: A group commit is flushed once it holds this many records, even while more
+#: tasks are ready (an inline fan-out would otherwise commit once at the end).
+COMMIT_RECORDS = 4096
 
 
 class Runner:
@@ -231,6 +234,8 @@ class Runner:
                     self._dispatch(inst)
                 if self.inbox:
                     self._drain()
+                if len(self.buf) >= COMMIT_RECORDS:
+                    self._commit()       # bound the group commit (and the journal line)
             self._commit()
             if self.ready and self.inflight < workers and not self.cancelling:
                 continue

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+import ledgerflow
+import ledgerflow.runner
 from ledgerflow import pipeline, task
 from ledgerflow_stores import duckdb_store
 
@@ -43,3 +47,55 @@ def test_fold_matches_the_memory_store(tmp_path, monkeypatch, n: int, batch: int
     # and read back from the folded tables alone (the journal is gone after the fold)
     assert not list((tmp_path / "l.duckdb.d" / "journals").glob("*.jsonl"))
     assert [x["outcome"] for x in disk.attempts("maybe[0]")] == ["error", "error"]
+
+
+@task
+def one(i: int) -> int:
+    return i
+
+
+@pipeline
+def wide(n: int):
+    return total([one(i) for i in range(n)])
+
+
+def test_large_commits_are_split_and_fold_like_the_memory_store(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(duckdb_store, "LINE_RECORDS", 50)
+    monkeypatch.setattr(ledgerflow.runner, "COMMIT_RECORDS", 60)
+    monkeypatch.setattr(duckdb_store, "FOLD_BATCH_BYTES", 4000)
+    monkeypatch.setattr(duckdb_store.DuckDBStore, "release", lambda self, lease: None)
+    disk = fan.run(n=500, store=str(tmp_path / "l.duckdb"), executor="inline")
+    (journal,) = (tmp_path / "l.duckdb.d" / "journals").glob("*.jsonl")
+    lines = [json.loads(x) for x in journal.read_bytes().splitlines()]
+    # the run's 500 tasks are created in one commit, written as lines of about 50 records,
+    # each cut before a task's creation; the inline fan-out commits in bounded groups
+    assert max(len(x) for x in lines) < 100
+    assert sum(r[0] == "T" for x in lines for r in x) == 501
+    assert all(x[0][0] == "T" for x in lines[2:12])
+    monkeypatch.undo()
+    duckdb_store.DuckDBStore(str(tmp_path / "l.duckdb")).fold()
+    mem = fan.run(n=500, store=f"memory:{tmp_path}", executor="inline")
+    assert _rows(mem.status()) == _rows(disk.status())
+
+
+def test_a_crash_inside_a_split_commit_leaves_a_prefix_that_resumes(tmp_path, monkeypatch) -> None:
+    store = str(tmp_path / "l.duckdb")
+    monkeypatch.setattr(duckdb_store, "LINE_RECORDS", 30)
+    monkeypatch.setattr(duckdb_store.DuckDBStore, "release", lambda self, lease: None)
+    first = wide.run(n=200, store=store, executor="inline")
+    monkeypatch.undo()
+    (journal,) = (tmp_path / "l.duckdb.d" / "journals").glob("*.jsonl")
+    lines = journal.read_bytes().splitlines(keepends=True)
+    # keep the run's header and the first three parts of its creating commit, then a
+    # torn line: what a kill -9 in the middle of that write() leaves
+    journal.write_bytes(b"".join(lines[:4]) + lines[4][:17])
+    (tmp_path / "l.duckdb.d" / "runs" / first.run_id / "lease").unlink()
+    before = ledgerflow.get_run(first.run_id, store=store).status()
+    assert 0 < len(before.tasks) < 201
+    assert {t.state for t in before.tasks.values()} <= {"pending", "ready"}
+    run = ledgerflow.resume(first.run_id, store=store, executor="inline")
+    assert run.state == "succeeded"
+    assert run.result() == sum(range(200))
+    view = ledgerflow.get_run(first.run_id, store=store).status()
+    assert len(view.tasks) == 201
+    assert {t.attempts for t in view.tasks.values()} == {1}
