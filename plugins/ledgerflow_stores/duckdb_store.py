@@ -29,7 +29,7 @@ import pickle
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,24 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             FROM artifacts a LEFT JOIN tasks t USING (run_id, task_key)""",
     ]),
 ]
+
+def _json_dumps() -> Callable[[Any], str]:
+    """Compact JSON for journal lines: the C encoder built once, not per call."""
+    enc = json.JSONEncoder(separators=(",", ":"))
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return enc.encode
+    try:
+        c = make(None, enc.default, json.encoder.encode_basestring_ascii, None, ":", ",",
+                 False, False, True)
+        if "".join(c([["x", 1, 1.5, None, True]], 0)) != '[["x",1,1.5,null,true]]':
+            return enc.encode
+    except TypeError:       # another signature: use the public path
+        return enc.encode
+    return lambda value: "".join(c(value, 0))
+
+
+_dumps = _json_dumps()
 
 _PROCESS_LOCKS: dict[str, threading.RLock] = {}
 _PL_GUARD = threading.Lock()
@@ -338,10 +356,10 @@ class DuckDBStore:
             raise LeaseLostError(f"run {lease.run_id} was taken over by another driver; "
                                  f"token {lease.token} is no longer valid")
         if len(records) > LINE_RECORDS:
-            data = "".join(json.dumps(part, separators=(",", ":")) + "\n"
+            data = "".join(_dumps(part) + "\n"
                            for part in _split_at_creations(records)).encode()
         else:
-            data = (json.dumps(records, separators=(",", ":")) + "\n").encode()
+            data = (_dumps(records) + "\n").encode()
         fd = entry[1]
         os.write(fd, data)
         if self.sync == "full":
@@ -717,17 +735,60 @@ _STAGES: dict[str, str] = {
 }
 
 
-@contextlib.contextmanager
-def _staged(con: Any, kind: str) -> Iterator[str]:
-    """Expose the records of one kind to SQL as the temp table ``lf_<kind>``."""
-    name = f"lf_{kind.lower()}"
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS {_STAGES[kind]} "
-                f"FROM (SELECT rowid AS i, r FROM lf_raw) WHERE r[1] = '{kind}'")
-    try:
-        yield name
-    finally:
-        with contextlib.suppress(duckdb.Error):   # an aborted transaction drops it anyway
-            con.execute(f"DROP TABLE IF EXISTS {name}")
+def _stage(kind: str) -> str:
+    """The typed rows of one record kind in ``lf_raw``."""
+    return (f"{_STAGES[kind]} FROM (SELECT rowid AS i, r FROM lf_raw) "
+            f"WHERE r[1] = '{kind}'")
+
+
+#: Per staged kind: the per-task summary of a batch, and the ``tasks`` columns it sets.
+_SUMMARIES: dict[str, tuple[str, str]] = {
+    "E": ("""SELECT key, arg_max("to", seq) AS state, max(attempt) AS attempts,
+                    min(ts) FILTER (WHERE "to" = 'running') AS started_at,
+                    arg_max(ts, seq) AS last_at,
+                    arg_max(attempt, seq) FILTER (WHERE "to" = 'pending'
+                                                  AND frm IS NOT NULL) AS budget_base
+              FROM lf_e GROUP BY key""",
+          f"""state = coalesce(e.state, tasks.state),
+              started_at = coalesce(tasks.started_at, e.started_at),
+              ended_at = CASE WHEN e.state IN {TERMINAL_SQL} THEN e.last_at
+                              WHEN e.budget_base IS NOT NULL THEN NULL
+                              ELSE tasks.ended_at END,
+              budget_base = coalesce(e.budget_base, tasks.budget_base)"""),
+    "A": ("""SELECT key, max(attempt) AS attempts,
+                    arg_max_null(CASE WHEN outcome = 'ok' THEN NULL
+                         WHEN outcome IN ('timeout', 'lost', 'cancelled') THEN
+                             CASE WHEN coalesce(emsg, '') = '' THEN outcome
+                                  ELSE outcome || ': ' || emsg END
+                         WHEN coalesce(etype, '') = '' THEN emsg
+                         ELSE etype || ': ' || emsg END, i) AS error
+             FROM lf_a GROUP BY key""",
+          "error = CASE WHEN a.key IS NULL THEN tasks.error ELSE a.error END"),
+    "R": ("""SELECT key, arg_max_null(fp, i) AS fp, arg_max_null(hash, i) AS hash,
+                    arg_max_null(kind, i) AS kind, arg_max_null(data, i) AS data,
+                    arg_max_null(uri, i) AS uri, arg_max_null(size, i) AS size,
+                    arg_max_null(cached, i) AS cached, arg_max_null(attempt, i) AS attempt
+             FROM lf_r GROUP BY key""",
+          ", ".join(f"{col} = CASE WHEN r.key IS NULL THEN tasks.{col} ELSE r.{src} END"
+                    for col, src in (("fingerprint", "fp"), ("result_hash", "hash"),
+                                     ("result_kind", "kind"), ("result_data", "data"),
+                                     ("result_uri", "uri"), ("result_size", "size"),
+                                     ("cached_from", "cached"),
+                                     ("result_attempt", "attempt")))),
+}
+
+
+def _task_update(kinds: list[str]) -> str:
+    """One UPDATE of ``tasks`` from the batch's events, attempts and results."""
+    keys = " UNION ".join(f"SELECT key FROM lf_{k.lower()}" for k in kinds)
+    joins = " ".join(f"LEFT JOIN ({_SUMMARIES[k][0]}) {k.lower()} ON {k.lower()}.key = k.key"
+                     for k in kinds)
+    counts = ", ".join(f"coalesce({k.lower()}.attempts, 0)" for k in kinds if k != "R")
+    sets = ", ".join(_SUMMARIES[k][1] for k in kinds)
+    if counts:
+        sets += f", attempts = greatest(tasks.attempts, {counts})"
+    return (f"UPDATE tasks SET {sets} FROM ({keys}) k {joins} "
+            f"WHERE tasks.run_id = ? AND tasks.task_key = k.key")
 
 
 def _insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> None:
@@ -761,30 +822,39 @@ def _insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> No
             "SELECT r FROM lf_raw WHERE r[1] IN ('D', 'H', 'S') ORDER BY rowid").fetchall()]
         _insert_small(con, run_id, token, small)
         if "T" in kinds:
-            with _staged(con, "T"):
-                # no primary key on tasks: DuckDB keeps ART indexes in memory, ~2 KB a row
-                con.execute("INSERT INTO tasks (run_id, task_key, task_name, node, item_key, "
-                            "position, upstream, code_version, state, attempts, budget_base) "
-                            "SELECT ?, key, name, node, item, pos, upstream, version, 'pending', "
-                            "0, 0 FROM lf_t WHERE key NOT IN "
-                            "(SELECT task_key FROM tasks WHERE run_id = ?)", [run_id, run_id])
-        if "E" in kinds:
-            with _staged(con, "E"):
-                _fold_events(con, run_id, token)
-        if "A" in kinds:
-            with _staged(con, "A"):
-                _fold_attempts(con, run_id, token)
-        if "R" in kinds:
-            with _staged(con, "R"):
-                _fold_results(con, run_id)
+            # no primary key on tasks: DuckDB keeps ART indexes in memory, ~2 KB a row
+            con.execute("INSERT INTO tasks (run_id, task_key, task_name, node, item_key, "
+                        "position, upstream, code_version, state, attempts, budget_base) "
+                        f"SELECT ?, key, name, node, item, pos, upstream, version, 'pending', "
+                        f"0, 0 FROM ({_stage('T')}) WHERE key NOT IN "
+                        "(SELECT task_key FROM tasks WHERE run_id = ?)", [run_id, run_id])
+        staged = [k for k in "EAR" if k in kinds]
+        for k in staged:
+            con.execute(f"CREATE OR REPLACE TEMP TABLE lf_{k.lower()} AS {_stage(k)}")
+        try:
+            if "E" in kinds:
+                con.execute('INSERT INTO events SELECT ?, seq, key, attempt, frm, "to", reason, '
+                            "ts, ? FROM lf_e", [run_id, token])
+                con.execute("UPDATE runs SET max_seq = greatest(coalesce(max_seq, 0), "
+                            "(SELECT max(seq) FROM lf_e)) WHERE run_id = ?", [run_id])
+            if "A" in kinds:
+                con.execute("INSERT INTO attempts SELECT ?, key, attempt, outcome, started, "
+                            "ended, etype, emsg, tb, ? FROM lf_a", [run_id, token])
+            if "R" in kinds:
+                con.execute("INSERT INTO results SELECT ?, key, attempt, fp, hash, kind, data, "
+                            "uri, size, cached FROM lf_r", [run_id])
+            if staged:
+                con.execute(_task_update(staged), [run_id])
+        finally:
+            for k in staged:
+                with contextlib.suppress(duckdb.Error):   # an aborted transaction drops it
+                    con.execute(f"DROP TABLE IF EXISTS lf_{k.lower()}")
         if "L" in kinds:
-            with _staged(con, "L"):
-                con.execute("INSERT INTO artifacts SELECT ?, key, attempt, direction, uri, hash, "
-                            "attrs FROM lf_l", [run_id])
+            con.execute("INSERT INTO artifacts SELECT ?, key, attempt, direction, uri, hash, "
+                        f"attrs FROM ({_stage('L')})", [run_id])
         if "N" in kinds:
-            with _staged(con, "N"):
-                con.execute("INSERT INTO notices SELECT ?, key, attempt, kind, message, ts "
-                            "FROM lf_n", [run_id])
+            con.execute("INSERT INTO notices SELECT ?, key, attempt, kind, message, ts "
+                        f"FROM ({_stage('N')})", [run_id])
         for _, state, reason, at in [r for r in small if r[0] == "S"][-1:]:
             ended = float(at) if state in ("succeeded", "failed", "cancelled") else None
             con.execute("UPDATE runs SET state = ?, reason = ?, ended_at = ? WHERE run_id = ?",
@@ -809,59 +879,6 @@ def _insert_small(con: Any, run_id: str, token: int, records: list[Any]) -> None
             con.execute("UPDATE runs SET token = greatest(coalesce(token, 0), ?), "
                         "driver_pid = ?, driver_host = ? WHERE run_id = ?",
                         [htoken, pid, host, run_id])
-
-
-def _fold_events(con: Any, run_id: str, token: int) -> None:
-    con.execute('INSERT INTO events SELECT ?, seq, key, attempt, frm, "to", reason, ts, ? '
-                "FROM lf_e", [run_id, token])
-    con.execute(f"""
-        UPDATE tasks SET state = s.state,
-            attempts = greatest(tasks.attempts, s.attempts),
-            started_at = coalesce(tasks.started_at, s.started_at),
-            ended_at = CASE WHEN s.state IN {TERMINAL_SQL} THEN s.last_at
-                            WHEN s.budget_base IS NOT NULL THEN NULL
-                            ELSE tasks.ended_at END,
-            budget_base = coalesce(s.budget_base, tasks.budget_base)
-        FROM (SELECT key, arg_max("to", seq) AS state, max(attempt) AS attempts,
-                     min(ts) FILTER (WHERE "to" = 'running') AS started_at,
-                     arg_max(ts, seq) AS last_at,
-                     arg_max(attempt, seq) FILTER (WHERE "to" = 'pending'
-                                                   AND frm IS NOT NULL) AS budget_base
-              FROM lf_e GROUP BY key) s
-        WHERE tasks.run_id = ? AND tasks.task_key = s.key""", [run_id])
-    con.execute("UPDATE runs SET max_seq = greatest(coalesce(max_seq, 0), "
-                "(SELECT max(seq) FROM lf_e)) WHERE run_id = ?", [run_id])
-
-
-def _fold_attempts(con: Any, run_id: str, token: int) -> None:
-    con.execute("INSERT INTO attempts SELECT ?, key, attempt, outcome, started, ended, "
-                "etype, emsg, tb, ? FROM lf_a", [run_id, token])
-    con.execute("""
-        UPDATE tasks SET attempts = greatest(tasks.attempts, s.attempts), error = s.error
-        FROM (SELECT key, max(attempt) AS attempts,
-                     arg_max_null(CASE WHEN outcome = 'ok' THEN NULL
-                          WHEN outcome IN ('timeout', 'lost', 'cancelled') THEN
-                              CASE WHEN coalesce(emsg, '') = '' THEN outcome
-                                   ELSE outcome || ': ' || emsg END
-                          WHEN coalesce(etype, '') = '' THEN emsg
-                          ELSE etype || ': ' || emsg END, i) AS error
-              FROM lf_a GROUP BY key) s
-        WHERE tasks.run_id = ? AND tasks.task_key = s.key""", [run_id])
-
-
-def _fold_results(con: Any, run_id: str) -> None:
-    con.execute("INSERT INTO results SELECT ?, key, attempt, fp, hash, kind, data, uri, "
-                "size, cached FROM lf_r", [run_id])
-    con.execute("""
-        UPDATE tasks SET fingerprint = s.fp, result_hash = s.hash, result_kind = s.kind,
-            result_data = s.data, result_uri = s.uri, result_size = s.size,
-            cached_from = s.cached, result_attempt = s.attempt
-        FROM (SELECT key, arg_max_null(fp, i) AS fp, arg_max_null(hash, i) AS hash,
-                     arg_max_null(kind, i) AS kind, arg_max_null(data, i) AS data,
-                     arg_max_null(uri, i) AS uri, arg_max_null(size, i) AS size,
-                     arg_max_null(cached, i) AS cached, arg_max_null(attempt, i) AS attempt
-              FROM lf_r GROUP BY key) s
-        WHERE tasks.run_id = ? AND tasks.task_key = s.key""", [run_id])
 
 
 @hookimpl

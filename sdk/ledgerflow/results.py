@@ -46,7 +46,10 @@ def encode(value: object) -> Encoded:
     if value is None:
         return NONE
     t = type(value)
-    if t is int or t is str or t is float or t is bool:
+    if t is int:
+        data = int.__repr__(value).encode()
+        return Encoded("json", data, digest(data))
+    if t is str or t is float or t is bool:
         data = json.dumps(value).encode()
         return Encoded("json", data, digest(data))
     if _is_arrow(value):

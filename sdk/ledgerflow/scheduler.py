@@ -58,9 +58,11 @@ class Inst:
         self.attempt = 0
         self.used = 0
         self.waiting = 0
-        self.dependents: list[Inst] = []
-        self.feeds: list[Group] = []
-        self.up: list[Inst | Group] = []
+        # empty tuples until something is added: most tasks feed no fan-out, and a
+        # list per task per field costs memory at 100,000 tasks
+        self.dependents: list[Inst] | tuple[()] = ()
+        self.feeds: list[Group] | tuple[()] = ()
+        self.up: tuple[Inst | Group, ...] = ()
         self.value: Any = _UNSET
         self.hash: str | None = None
         self.enc: Any = None
@@ -86,8 +88,8 @@ class Group:
         self.failed = False
         self.children: list[Inst] = []
         self.left = 0
-        self.dependents: list[Inst] = []
-        self.feeds: list[Group] = []
+        self.dependents: list[Inst] | tuple[()] = ()
+        self.feeds: list[Group] | tuple[()] = ()
 
     @property
     def done(self) -> bool:
@@ -128,9 +130,9 @@ class Plan:
                 g = Group(node, source)
                 self.groups[node.key] = g
                 if isinstance(source, Inst):
-                    source.feeds.append(g)
+                    source.feeds = [*source.feeds, g]
                 elif isinstance(source, Group):
-                    source.feeds.append(g)
+                    source.feeds = [*source.feeds, g]
                     if source.expanded:   # over a literal list: already expanded above
                         created.extend(self._expand_elementwise(g, source))
                 if source is None:
@@ -138,7 +140,7 @@ class Plan:
             else:
                 inst = Inst(node.key, node)
                 self.insts[node.key] = inst
-                inst.up = [self._thing(k) for k in node.deps]
+                inst.up = tuple([self._thing(k) for k in node.deps])
                 created.append(inst)
         return created
 
@@ -166,7 +168,11 @@ class Plan:
                 failed = w.key
                 continue
             inst.waiting += 1
-            w.dependents.append(inst)
+            deps = w.dependents
+            if isinstance(deps, list):
+                deps.append(inst)
+            else:
+                w.dependents = [inst]
         return failed
 
     def expand(self, g: Group, items: list[Any]) -> list[Inst]:
@@ -174,7 +180,7 @@ class Plan:
         node = g.node
         g.expanded = True
         created: list[Inst] = []
-        bdeps = [self._thing(k) for k in node.deps]
+        bdeps = tuple([self._thing(k) for k in node.deps])
         seen: dict[str, int] = {}
         for item in items:
             ik = item_key(item, node.item_key)
@@ -202,12 +208,12 @@ class Plan:
     def _expand_elementwise(self, g: Group, src: Group) -> list[Inst]:
         node = g.node
         g.expanded = True
-        bdeps = [self._thing(k) for k in node.deps]
+        bdeps = tuple([self._thing(k) for k in node.deps])
         children = []
         prefix = len(src.key)
         for sc in src.children:
             child = Inst(node.key + sc.key[prefix:], node, g, _UNSET)
-            child.up = [sc, *bdeps]
+            child.up = (sc, *bdeps)
             children.append(child)
         return children + self._finish_expand(g, children)
 
@@ -220,7 +226,7 @@ class Plan:
             d.waiting -= 1
             if d.waiting == 0 and d.state == "pending":
                 ready.append(d)
-        inst.dependents = []
+        inst.dependents = ()
         for fed in inst.feeds:
             value = resolve(inst)
             items = value if isinstance(value, list) else list(value)
@@ -240,7 +246,7 @@ class Plan:
             d.waiting -= 1
             if d.waiting == 0 and d.state == "pending":
                 ready.append(d)
-        g.dependents = []
+        g.dependents = ()
         return ready
 
     def empty_groups_done(self, created: list[Inst]) -> list[Inst]:
@@ -258,7 +264,7 @@ class Plan:
         while stack:
             thing = stack.pop()
             deps = thing.dependents
-            thing.dependents = []
+            thing.dependents = ()
             for d in deps:
                 if d.state == "pending" and d not in doomed:
                     doomed.append(d)
@@ -285,7 +291,8 @@ class Plan:
                     lit = canonical([_keyed(node.args), _keyed(node.kwargs)])
             else:
                 lit = b""
-            self._lits[node.key] = lit
+            if node.is_map:     # shared by every child; a call node asks once
+                self._lits[node.key] = lit
         if inst.has_item:
             return lit + b"\x01" + canonical(inst.item)
         return lit
