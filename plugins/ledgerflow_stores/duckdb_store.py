@@ -53,6 +53,8 @@ from ledgerflow_stores.memory import attempt_dict, lineage_rows
 SCHEMA_VERSION = 1
 INLINE_LIMIT = 2048
 FOLD_BATCH_BYTES = 4 << 20
+#: DuckDB's memory limit while the ledger is open for writing (a fold).
+FOLD_MEMORY = "128MB"
 #: A commit creating more tasks than this is written as several lines, split
 #: before a ``T`` record (see :func:`_split_at_creations`).
 LINE_RECORDS = 10_000
@@ -270,6 +272,9 @@ class DuckDBStore:
                                  hint="check the path and its permissions") from None
             try:
                 if write:
+                    # the fold works in bounded batches; without a limit DuckDB keeps
+                    # ~1 KB a folded task cached (+25% time at 100k tasks with it)
+                    con.execute(f"SET memory_limit='{FOLD_MEMORY}'")
                     self._migrate(con)
                 else:
                     self._check(con)

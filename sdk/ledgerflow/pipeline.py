@@ -27,6 +27,10 @@ R = TypeVar("R")
 RUN_OPTIONS = frozenset({"store", "executor", "workers", "fail_fast", "wait", "settings",
                          "run_id", "progress"})
 
+#: The keyword arguments of every call that has none (never mutated): one empty
+#: dict per call would cost 64 bytes a task.
+_NO_KWARGS: dict[str, Any] = {}
+
 #: Pipelines defined in this process, by name (resume looks here first).
 REGISTRY: dict[str, Pipeline[..., Any]] = {}
 
@@ -80,7 +84,7 @@ class Build:
         key = self._key(t.name)
         deps: list[str] = []
         has_refs = self._scan(args, deps) | self._scan(list(kwargs.values()), deps)
-        node = Node(key, t, False, args, kwargs,
+        node = Node(key, t, False, args, kwargs or _NO_KWARGS,
                     tuple(dict.fromkeys(deps)) if len(deps) > 1 else tuple(deps),
                     self._after(key, after) if after is not None else (), where=where,
                     has_refs=has_refs)

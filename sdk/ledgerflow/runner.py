@@ -30,7 +30,7 @@ from .graph import Graph
 from .keys import digest, fingerprint
 from .results import decode
 from .scheduler import _UNSET, Inst, Plan
-from .states import reset_for_resume, transition
+from .states import _TASK_EDGES, reset_for_resume, transition
 from .store import Lease, RunStore, RunView
 
 log = logging.getLogger("ledgerflow")
@@ -93,8 +93,8 @@ class Runner:
     def _move(self, inst: Inst, target: str, reason: str = "") -> None:
         """Apply one task transition: check it, record it, tell observers."""
         old = inst.state
-        if old:
-            transition(inst.key, old, target)
+        if old and target not in _TASK_EDGES[old]:
+            transition(inst.key, old, target)      # raises InvalidTransitionError
         self.seq += 1
         self.buf.append(("E", self.seq, inst.key, inst.attempt, old or None, target, reason,
                          time.time()))
@@ -135,8 +135,10 @@ class Runner:
             done, self.unlock = self.unlock, []
             for inst in done:
                 ready, created = self.plan.succeeded(inst, self._resolve)
-                self._adopt(created)
-                self._release(ready)
+                if created:
+                    self._adopt(created)
+                if ready:
+                    self._release(ready)
 
     # -- set-up -------------------------------------------------------------------------
     def _adopt(self, created: list[Inst]) -> None:
@@ -184,7 +186,6 @@ class Runner:
         inst.used = row.attempts - row.budget_base
         if row.state == "succeeded":
             inst.hash = row.result_hash
-            inst.fp = row.fingerprint
             inst.ref = (row.result_kind, row.result_data, row.result_uri)
             return
         if row.state in ("running", "cancelling"):
@@ -318,6 +319,7 @@ class Runner:
                 inst.ref = (kind, data, uri)
                 self.buf.append(("R", inst.key, inst.attempt, inst.fp, chash, kind, data, uri,
                                  size, src_run))
+                inst.fp = None
                 self._move(inst, "succeeded", f"cached: same fingerprint as {src_run}/{src_key}")
                 self.unlock.append(inst)
                 return
@@ -458,6 +460,7 @@ class Runner:
             inst.ref = (enc.kind, None, uri)
         self.buf.append(("R", inst.key, inst.attempt, inst.fp, enc.hash, enc.kind, data, uri,
                          enc.size, None))
+        inst.fp = None      # recorded; a retry computes it again
         self._move(inst, "succeeded", "")
         self.unlock.append(inst)
 

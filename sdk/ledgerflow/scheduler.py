@@ -284,7 +284,11 @@ class Plan:
         node = inst.node
         lit = self._lits.get(node.key)
         if lit is None:
-            if node.args or node.kwargs:
+            if node.args and not node.kwargs and _simple_args(node.args):
+                # the common call f(x, y) with refs and scalars: _fast_canon's text, built flat
+                lit = ("[[" + ",".join([f"<ref {a.key}>" if type(a) is TaskRef else repr(a)
+                                        for a in node.args]) + "],{}]").encode()
+            elif node.args or node.kwargs:
                 try:
                     lit = _fast_canon((node.args, node.kwargs)).encode()
                 except TypeError:
@@ -306,13 +310,24 @@ class Plan:
             return (first,), kwargs
         if not node.has_refs:
             return node.args, node.kwargs
-        return _fill(node.args, self, resolve), _fill(node.kwargs, self, resolve)
+        insts = self.insts
+        args = tuple([resolve(insts[a.key]) if type(a) is TaskRef else _fill(a, self, resolve)
+                      for a in node.args])
+        return args, _fill(node.kwargs, self, resolve) if node.kwargs else node.kwargs
 
     def group_value(self, g: Group, resolve: Resolver) -> list[Any]:
         return [resolve(c) for c in g.children]
 
 
 _REPR_TYPES = (str, int, float, bool, type(None))
+
+
+def _simple_args(args: tuple[Any, ...]) -> bool:
+    for a in args:
+        t = type(a)
+        if t is not TaskRef and t not in _REPR_TYPES:
+            return False
+    return True
 
 
 def _fast_canon(value: Any) -> str:

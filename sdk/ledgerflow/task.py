@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, ParamSpec, TypeVar, overload
@@ -74,6 +75,19 @@ class MapRef:
         return f"MapRef({self.key!r})"
 
 
+_WHERE: dict[tuple[str, int], str] = {}
+
+
+def _where(frame: types.FrameType) -> str:
+    """``file:line`` of a call site, one shared string per site (a loop of
+    100,000 calls keeps one copy)."""
+    site = (frame.f_code.co_filename, frame.f_lineno)
+    text = _WHERE.get(site)
+    if text is None:
+        text = _WHERE[site] = f"{site[0]}:{site[1]}"
+    return text
+
+
 class Task(Generic[P, R]):
     """A function made into a pipeline step by :func:`task`."""
 
@@ -101,9 +115,8 @@ class Task(Generic[P, R]):
                 kwargs.pop("after")
             return self.fn(*args, **kwargs)
         after = kwargs.pop("after", None)
-        frame = sys._getframe(1)
         return build.add_call(self, args, kwargs, after,  # type: ignore[return-value]
-                              f"{frame.f_code.co_filename}:{frame.f_lineno}")
+                              _where(sys._getframe(1)))
 
     def map(self, items: object, /, *, key: str | Callable[[Any], object] | None = None,
             after: Sequence[object] | None = None, **broadcast: object) -> list[R]:
@@ -127,9 +140,8 @@ class Task(Generic[P, R]):
         build = current_build.get()
         if build is None:
             return [self.fn(item, **broadcast) for item in items]  # type: ignore[arg-type, attr-defined]
-        frame = sys._getframe(1)
         return build.add_map(self, items, key, broadcast, after,  # type: ignore[return-value]
-                             f"{frame.f_code.co_filename}:{frame.f_lineno}")
+                             _where(sys._getframe(1)))
 
     def _accepts_after(self) -> bool:
         import inspect
