@@ -13,6 +13,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
+from ._gc import quiet_gc
 from .context import current_build
 from .errors import DefinitionError, ParameterBindError
 from .graph import REF_TYPES, Graph, Node
@@ -163,7 +164,8 @@ class Pipeline(Generic[P, R]):
         build = Build(self.name)
         token = current_build.set(build)
         try:
-            build.graph.output = self.fn(**values)  # type: ignore[call-arg]
+            with quiet_gc():
+                build.graph.output = self.fn(**values)  # type: ignore[call-arg]
         finally:
             current_build.reset(token)
         return build.graph.validate()

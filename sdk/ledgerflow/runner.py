@@ -9,8 +9,6 @@ returned (*durable before unlock*).
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import heapq
 import json
 import logging
@@ -20,9 +18,10 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
+from ._gc import quiet_gc
 from .config import Settings
 from .errors import InvalidTransitionError, PipelineError
 from .executor import Completion, Executor, Job, execute
@@ -220,7 +219,7 @@ class Runner:
         """Run until every task is terminal; return the run's final state."""
         self._driver = threading.get_ident()
         self.executor.start(workers=self.settings.workers, on_complete=self._on_complete)
-        with _quiet_gc():
+        with quiet_gc():
             try:
                 self._adopt(self.plan.instantiate())
                 self._commit()
@@ -530,27 +529,6 @@ class Runner:
         self.buf.append(("S", state, reason, time.time()))
         self._commit()
         return state
-
-
-@contextlib.contextmanager
-def _quiet_gc() -> Iterator[None]:
-    """Keep the cyclic GC from rescanning the whole heap while a run is driven.
-
-    A run allocates a few long-lived objects per task; with the default
-    thresholds the collector walks every older object again and again (a
-    third of the time of a 10,000-task inline run). Objects that existed
-    before the run are frozen (``gc.freeze``) and young collections run less
-    often; both are undone when the drive ends. Cyclic garbage made during
-    the run is still collected.
-    """
-    old = gc.get_threshold()
-    gc.freeze()
-    gc.set_threshold(max(old[0], 20_000), old[1], old[2])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*old)
-        gc.unfreeze()
 
 
 def driver_header(token: int) -> tuple[Any, ...]:

@@ -63,11 +63,47 @@ def per_task(pipe: Any, n: int, store: str, executor: str) -> tuple[float, str]:
     return dt / n * 1e6, run.run_id
 
 
+def peak_rss_child(shape: str, n: int, store: str) -> None:
+    """Run one pipeline in this (fresh) process and print its peak RSS in KiB.
+
+    VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent's
+    memory across fork and exec, so a big parent would mask the child.
+    """
+    pipe = chain if shape == "chain" else fanout
+    run = pipe.run(n=n, store=store, executor="inline")
+    assert run.state == "succeeded", run.state
+    status = Path("/proc/self/status").read_text()
+    print(next(int(line.split()[1]) for line in status.splitlines()
+               if line.startswith("VmHWM:")))
+
+
+def peak_rss_kib(shape: str, n: int, store: str) -> int:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    out = subprocess.run([sys.executable, "-m", "tests.perf", "--rss-child", shape, str(n),
+                          store], check=True, env=env, capture_output=True, text=True).stdout
+    return int(out.split()[-1])
+
+
+def slope(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares fit of seconds = fixed + per_task * n; returns (per_task us, fixed s)."""
+    k = len(points)
+    mx = sum(n for n, _ in points) / k
+    my = sum(t for _, t in points) / k
+    b = sum((n - mx) * (t - my) for n, t in points) / sum((n - mx) ** 2 for n, _ in points)
+    return b * 1e6, my - b * mx
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="1k and 10k tasks only")
     ap.add_argument("--out", default="perf-results.json")
+    ap.add_argument("--rss-child", nargs=3, metavar=("SHAPE", "N", "STORE"),
+                    help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.rss_child:
+        shape, n, store = args.rss_child
+        peak_rss_child(shape, int(n), store)
+        return
     sizes = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000]
     tmp = Path(tempfile.mkdtemp(prefix="lf-perf-"))
     plain = plain_call_us()
@@ -82,16 +118,31 @@ def main() -> None:
 
     add("plain Python call", plain, "us", "-")
     per_task(chain, 50, "memory:warm-up", "inline")     # imports, code versions
+    seconds: dict[str, list[tuple[int, float]]] = {}
     for n in sizes:
         for shape, pipe in (("chain", chain), ("fan-out", fanout)):
             mem, _ = per_task(pipe, n, f"memory:{shape}-{n}", "inline")
             add(f"{shape} {n} memory inline per task", mem, "us", "<= 15")
+            seconds.setdefault(f"{shape} memory inline", []).append((n, mem * n / 1e6))
             for executor, limit in (("inline", "50"), ("threads", "100")):
                 store = str(tmp / f"{shape}-{executor}-{n}.duckdb")
                 per_task(pipe, 50, store, executor)       # the ledger file exists already
                 us, _ = per_task(pipe, n, store, executor)
                 add(f"{shape} {n} duckdb {executor} per task (x{us / mem:.1f} memory)", us,
                     "us", f"<= {limit}")
+                seconds.setdefault(f"{shape} duckdb {executor}", []).append((n, us * n / 1e6))
+    # linear growth: the slope of a least-squares line through the run times
+    for name, points in seconds.items():
+        per, fixed = slope(points)
+        add(f"slope {name}, {sizes[0]}-{sizes[-1]} tasks (fixed {fixed * 1e3:.0f} ms)", per,
+            "us", "linear")
+    # resident memory: peak of a whole process, above the peak of a 1-task run
+    base = peak_rss_kib("chain", 1, str(tmp / "rss-base.duckdb"))
+    n = sizes[-1]
+    for shape in ("chain", "fan-out"):
+        kib = peak_rss_kib(shape, n, str(tmp / f"rss-{shape}.duckdb"))
+        add(f"peak RSS per task above a 1-task run ({n} {shape}, duckdb inline)",
+            (kib - base) * 1024 / n, "B", "< 2048", ratio=False)
     # ledger size, resume with one task left
     n = sizes[-1]
     store = str(tmp / "resume.duckdb")
