@@ -320,6 +320,45 @@ def test_durable_before_unlock(ledger: str) -> None:
     assert run.result() == ["succeeded"] * 30
 
 
+def test_durable_before_unlock_under_bounded_group_commits(ledger: str, monkeypatch) -> None:
+    """Group commits flushed every few records mid-loop, inline (no thread hand-off
+    to hide a race): still no task runs before its upstream's success is readable
+    from the ledger."""
+    import ledgerflow.runner
+    from ledgerflow_stores.duckdb_store import DuckDBStore
+    monkeypatch.setattr(ledgerflow.runner, "COMMIT_RECORDS", 7)
+    appends: list[int] = []
+    original = DuckDBStore.append
+
+    def counting(self, lease, records):
+        appends.append(len(records))
+        original(self, lease, records)
+
+    monkeypatch.setattr(DuckDBStore, "append", counting)
+
+    @task
+    def first(i: int) -> int:
+        return i
+
+    @task
+    def step(upstream: str | None) -> str:
+        if upstream is not None:
+            view = ledgerflow.get_run(context().run_id, store=ledger).status()
+            assert view.tasks[upstream].state == "succeeded", view.tasks[upstream].state
+        return context().task_key
+
+    @pipeline
+    def p():
+        x = step(None)
+        for _ in range(30):
+            x = step(x)
+        return first.map(list(range(60))), x
+
+    run = p.run(store=ledger, executor="inline")
+    assert run.state == "succeeded", [t.error for t in run.status().tasks.values() if t.error]
+    assert len(appends) > 30        # the fan-out's records went out in small groups
+
+
 def test_inline_timeout_is_detected_when_the_attempt_returns(ledger: str) -> None:
     @task(timeout=0.1, retries=1)
     def overrun() -> int:
