@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ._gc import quiet_gc
 from .config import Settings
 from .errors import (
     InputError,
@@ -324,7 +325,8 @@ def resume(run_id: str, *, store: str | None = None, executor: object = None,
                        else settings.executor, settings)
     lease = st.take_over(run_id)
     # re-read: the takeover folded what the old driver left
-    prior = st.get_run(run_id, upstream=False)
+    with quiet_gc():
+        prior = st.get_run(run_id, upstream=False)
     cache = st.cache_lookup(sorted({n.task.name for n in graph if n.task.options.cache}),
                             exclude_run=run_id)
     st.append(lease, [driver_header(lease.token), ("S", "running", "resumed", time.time())])
@@ -335,7 +337,8 @@ def resume(run_id: str, *, store: str | None = None, executor: object = None,
 def plan_resume(run_id: str, *, store: str | None = None) -> list[tuple[str, str, str]]:
     """What a resume would do, per task: ``(key, action, why)``; runs nothing."""
     st = _store_for(_settings(store, None, None, None))
-    view = st.get_run(run_id, upstream=False)
+    with quiet_gc():
+        view = st.get_run(run_id, upstream=False)
     out = []
     for row in view.tasks.values():
         s = row.state
