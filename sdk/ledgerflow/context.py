@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .keys import idempotency_key
+
 if TYPE_CHECKING:
     from .pipeline import Build
 
@@ -33,9 +35,18 @@ class RunContext:
     run_id: str = "local"
     task_key: str = "local"
     attempt: int = 1
-    idempotency_key: str = "local"
+    _idempotency_key: str = ""
     _cancel: Callable[[], bool] | None = None
     lineage: list[tuple[str, str, str | None, dict[str, str]]] = field(default_factory=list)
+
+    @property
+    def idempotency_key(self) -> str:
+        """A key for side effects, the same for every attempt of this task in this run
+        (also after a resume); hashed on first use."""
+        if not self._idempotency_key:
+            self._idempotency_key = "local" if self.run_id == "local" \
+                else idempotency_key(self.run_id, self.task_key)
+        return self._idempotency_key
 
     @property
     def cancel_requested(self) -> bool:

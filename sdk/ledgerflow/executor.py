@@ -29,7 +29,7 @@ class Job:
     fn: Callable[..., Any]
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
-    idempotency_key: str
+    idempotency_key: str = ""       # "" = derived from run id and task key when asked for
     timeout: float | None = None
     task_name: str = ""
 
@@ -82,7 +82,7 @@ def execute(job: Job, cancel: Callable[[], bool] | None = None, *,
             keep_value: bool = True) -> Completion:
     """Run ``job`` here and now; never raises (outcomes carry the errors)."""
     ctx = RunContext(run_id=job.run_id, task_key=job.task_key, attempt=job.attempt,
-                     idempotency_key=job.idempotency_key, _cancel=cancel)
+                     _idempotency_key=job.idempotency_key, _cancel=cancel)
     started = time.time()
     fn = job.fn
     inner = getattr(fn, "_plain", None)     # a Task: call its function directly

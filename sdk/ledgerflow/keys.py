@@ -27,6 +27,11 @@ def digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
+def idempotency_key(run_id: str, task_key: str) -> str:
+    """The idempotency key of a task in a run (see ``RunContext.idempotency_key``)."""
+    return digest((run_id + "\x00" + task_key).encode())
+
+
 def code_version(fn: Callable[..., Any]) -> str:
     """Hash the source of ``fn`` (decorators and docstring excluded).
 
@@ -89,16 +94,23 @@ def _json_default(value: object) -> object:
 
 def fingerprint(name: str, version: str, literals: bytes, upstream: Iterable[str]) -> str:
     """Combine what decides a task's result into one hash."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(name.encode())
-    h.update(b"\x00")
-    h.update(version.encode())
-    h.update(b"\x00")
+    return finish_fingerprint(fingerprint_base(name, version), literals, upstream)
+
+
+def fingerprint_base(name: str, version: str) -> Any:
+    """The part of a fingerprint fixed per task (hash it once, ``copy()`` per call)."""
+    return hashlib.blake2b(name.encode() + b"\x00" + version.encode() + b"\x00",
+                           digest_size=16)
+
+
+def finish_fingerprint(base: Any, literals: bytes, upstream: Iterable[str]) -> str:
+    """Complete a :func:`fingerprint_base` with one call's literals and upstream hashes."""
+    h = base.copy()
     h.update(literals)
     for up in upstream:
         h.update(b"\x00")
         h.update(up.encode())
-    return h.hexdigest()
+    return h.hexdigest()  # type: ignore[no-any-return]
 
 
 def item_key(item: object, key: str | Callable[[Any], object] | None) -> str:

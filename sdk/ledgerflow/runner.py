@@ -26,7 +26,7 @@ from .config import Settings
 from .errors import InvalidTransitionError, PipelineError
 from .executor import Completion, Executor, Job, execute
 from .graph import Graph
-from .keys import digest, fingerprint
+from .keys import fingerprint_base, finish_fingerprint
 from .results import decode
 from .scheduler import _UNSET, Inst, Plan
 from .states import _TASK_EDGES, reset_for_resume, transition
@@ -82,7 +82,7 @@ class Runner:
         self.cancelled_tasks = 0
         self.rand = random.Random()
         self.next_poll = 0.0
-        self.idem_prefix = run_id + "\x00"
+        self.fp_base: dict[Any, Any] = {}        # task -> its fingerprint's fixed part
         self._driver = threading.get_ident()
         # an executor may let a lone task run in the driver thread: nothing else could
         # run meanwhile, so the thread hand-off would only add latency
@@ -308,8 +308,10 @@ class Runner:
             self._give_up(inst, f"could not load upstream results: {exc}")
             return
         ups = [u.hash or "" for u in inst.up] if inst.up else ()
-        inst.fp = fingerprint(node.task.name, node.task.version,
-                              self.plan.literal_bytes(inst), ups)
+        base = self.fp_base.get(node.task)
+        if base is None:
+            base = self.fp_base[node.task] = fingerprint_base(node.task.name, node.task.version)
+        inst.fp = finish_fingerprint(base, self.plan.literal_bytes(inst), ups)
         if opts.cache:
             hit = self.cache.get(inst.fp)
             if hit is not None:
@@ -326,8 +328,7 @@ class Runner:
         inst.used += 1
         self.next_job += 1
         job = Job(self.next_job, self.run_id, inst.key, inst.attempt, node.task, args,
-                  kwargs, digest((self.idem_prefix + inst.key).encode()), opts.timeout,
-                  node.task.name)
+                  kwargs, "", opts.timeout, node.task.name)   # idempotency key: lazily
         inst.job = job
         self.jobs[job.id] = inst
         self.inflight += 1
