@@ -382,9 +382,7 @@ class DuckDBStore:
         entry = self._fds.pop(lease.run_id, None)
         if entry is None:
             return
-        with contextlib.suppress(OSError):
-            os.fsync(entry[1])
-        os.close(entry[1])
+        os.close(entry[1])     # each commit is already as durable as LEDGERFLOW_SYNC asks
         if beat is not None and beat.fenced:
             return
         try:
@@ -824,52 +822,44 @@ def _insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> No
                     "columns={'json': 'VARCHAR[]'})", [str(scratch)])
     finally:
         scratch.unlink(missing_ok=True)
-    try:
-        small = [r for (r,) in con.execute(
-            "SELECT r FROM lf_raw WHERE r[1] IN ('D', 'H', 'S') ORDER BY rowid").fetchall()] \
-            if kinds & {"D", "H", "S"} else []
-        _insert_small(con, run_id, token, small)
-        if "T" in kinds:
-            # no primary key on tasks: DuckDB keeps ART indexes in memory, ~2 KB a row
-            con.execute("INSERT INTO tasks (run_id, task_key, task_name, node, item_key, "
-                        "position, upstream, code_version, state, attempts, budget_base) "
-                        f"SELECT ?, key, name, node, item, pos, upstream, version, 'pending', "
-                        f"0, 0 FROM ({_stage('T')}) WHERE key NOT IN "
-                        "(SELECT task_key FROM tasks WHERE run_id = ?)", [run_id, run_id])
-        staged = [k for k in "EAR" if k in kinds]
-        for k in staged:
-            con.execute(f"CREATE OR REPLACE TEMP TABLE lf_{k.lower()} AS {_stage(k)}")
-        try:
-            if "E" in kinds:
-                con.execute('INSERT INTO events SELECT ?, seq, key, attempt, frm, "to", reason, '
-                            "ts, ? FROM lf_e", [run_id, token])
-                con.execute("UPDATE runs SET max_seq = greatest(coalesce(max_seq, 0), "
-                            "(SELECT max(seq) FROM lf_e)) WHERE run_id = ?", [run_id])
-            if "A" in kinds:
-                con.execute("INSERT INTO attempts SELECT ?, key, attempt, outcome, started, "
-                            "ended, etype, emsg, tb, ? FROM lf_a", [run_id, token])
-            if "R" in kinds:
-                con.execute("INSERT INTO results SELECT ?, key, attempt, fp, hash, kind, data, "
-                            "uri, size, cached FROM lf_r", [run_id])
-            if staged:
-                con.execute(_task_update(staged), [run_id])
-        finally:
-            for k in staged:
-                with contextlib.suppress(duckdb.Error):   # an aborted transaction drops it
-                    con.execute(f"DROP TABLE IF EXISTS lf_{k.lower()}")
-        if "L" in kinds:
-            con.execute("INSERT INTO artifacts SELECT ?, key, attempt, direction, uri, hash, "
-                        f"attrs FROM ({_stage('L')})", [run_id])
-        if "N" in kinds:
-            con.execute("INSERT INTO notices SELECT ?, key, attempt, kind, message, ts "
-                        f"FROM ({_stage('N')})", [run_id])
-        for _, state, reason, at in [r for r in small if r[0] == "S"][-1:]:
-            ended = float(at) if state in ("succeeded", "failed", "cancelled") else None
-            con.execute("UPDATE runs SET state = ?, reason = ?, ended_at = ? WHERE run_id = ?",
-                        [state, reason, ended, run_id])
-    finally:
-        with contextlib.suppress(duckdb.Error):
-            con.execute("DROP TABLE IF EXISTS lf_raw")
+    # the lf_* temp tables are replaced by the next batch and go with the connection
+    small = [r for (r,) in con.execute(
+        "SELECT r FROM lf_raw WHERE r[1] IN ('D', 'H', 'S') ORDER BY rowid").fetchall()] \
+        if kinds & {"D", "H", "S"} else []
+    _insert_small(con, run_id, token, small)
+    if "T" in kinds:
+        # no primary key on tasks: DuckDB keeps ART indexes in memory, ~2 KB a row
+        con.execute("INSERT INTO tasks (run_id, task_key, task_name, node, item_key, "
+                    "position, upstream, code_version, state, attempts, budget_base) "
+                    f"SELECT ?, key, name, node, item, pos, upstream, version, 'pending', "
+                    f"0, 0 FROM ({_stage('T')}) WHERE key NOT IN "
+                    "(SELECT task_key FROM tasks WHERE run_id = ?)", [run_id, run_id])
+    staged = [k for k in "EAR" if k in kinds]
+    for k in staged:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE lf_{k.lower()} AS {_stage(k)}")
+    if "E" in kinds:
+        con.execute('INSERT INTO events SELECT ?, seq, key, attempt, frm, "to", reason, '
+                    "ts, ? FROM lf_e", [run_id, token])
+        con.execute("UPDATE runs SET max_seq = greatest(coalesce(max_seq, 0), "
+                    "(SELECT max(seq) FROM lf_e)) WHERE run_id = ?", [run_id])
+    if "A" in kinds:
+        con.execute("INSERT INTO attempts SELECT ?, key, attempt, outcome, started, "
+                    "ended, etype, emsg, tb, ? FROM lf_a", [run_id, token])
+    if "R" in kinds:
+        con.execute("INSERT INTO results SELECT ?, key, attempt, fp, hash, kind, data, "
+                    "uri, size, cached FROM lf_r", [run_id])
+    if staged:
+        con.execute(_task_update(staged), [run_id])
+    if "L" in kinds:
+        con.execute("INSERT INTO artifacts SELECT ?, key, attempt, direction, uri, hash, "
+                    f"attrs FROM ({_stage('L')})", [run_id])
+    if "N" in kinds:
+        con.execute("INSERT INTO notices SELECT ?, key, attempt, kind, message, ts "
+                    f"FROM ({_stage('N')})", [run_id])
+    for _, state, reason, at in [r for r in small if r[0] == "S"][-1:]:
+        ended = float(at) if state in ("succeeded", "failed", "cancelled") else None
+        con.execute("UPDATE runs SET state = ?, reason = ?, ended_at = ? WHERE run_id = ?",
+                    [state, reason, ended, run_id])
 
 
 def _insert_small(con: Any, run_id: str, token: int, records: list[Any]) -> None:
