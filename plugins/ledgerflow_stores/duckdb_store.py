@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import pickle
 import socket
@@ -50,9 +51,13 @@ from ledgerflow.results import Encoded, decode
 from ledgerflow.store import Lease, RunView, TaskRow, apply
 from ledgerflow_stores.memory import attempt_dict, lineage_rows
 
+log = logging.getLogger("ledgerflow")
+
 SCHEMA_VERSION = 1
 INLINE_LIMIT = 2048
 FOLD_BATCH_BYTES = 4 << 20
+#: Journal bytes that wake the background fold (see :class:`_Folder`).
+FOLD_WAKE_BYTES = 1 << 20
 #: DuckDB's memory limit while the ledger is open for writing (a fold).
 FOLD_MEMORY = "128MB"
 #: A commit creating more tasks than this is written as several lines, split
@@ -132,6 +137,30 @@ def _process_lock(path: str) -> threading.RLock:
         return _PROCESS_LOCKS.setdefault(path, threading.RLock())
 
 
+_HELD_FOR_FORK: list[threading.RLock] = []
+
+
+def _before_fork() -> None:
+    # A fork (the processes executor starting a worker) must not copy the process
+    # while a background fold is inside DuckDB: take every ledger's lock first
+    with _PL_GUARD:
+        locks = [_PROCESS_LOCKS[path] for path in sorted(_PROCESS_LOCKS)]
+    for lock in locks:
+        lock.acquire()
+        _HELD_FOR_FORK.append(lock)
+    _PL_GUARD.acquire()
+
+
+def _after_fork() -> None:
+    while _HELD_FOR_FORK:
+        _HELD_FOR_FORK.pop().release()
+    _PL_GUARD.release()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork,
+                    after_in_child=_after_fork)
+
+
 def _proc_start(pid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/stat") as fh:
@@ -177,7 +206,7 @@ class DuckDBStore:
         self._validated = False
         self._fds: dict[str, tuple[int, int]] = {}      # run_id -> (token, fd)
         self._beats: dict[str, _Heartbeat] = {}
-        self._last_fold = time.monotonic()
+        self._folders: dict[str, _Folder] = {}
 
     # -- files ---------------------------------------------------------------------------
     def _journals(self) -> Path:
@@ -326,6 +355,7 @@ class DuckDBStore:
         self._open_segment(run_id, 1)
         lease = Lease(run_id, 1)
         self._beats[run_id] = _Heartbeat(self, run_id, 1)
+        self._folders[run_id] = _Folder(self, run_id)
         self.append(lease, records)
         return lease
 
@@ -350,6 +380,7 @@ class DuckDBStore:
             self._write_lease(run_id, token)
             self._open_segment(run_id, token)
         self._beats[run_id] = _Heartbeat(self, run_id, token)
+        self._folders[run_id] = _Folder(self, run_id)
         return Lease(run_id, token)
 
     def append(self, lease: Lease, records: Sequence[Sequence[Any]]) -> None:
@@ -369,13 +400,14 @@ class DuckDBStore:
         os.write(fd, data)
         if self.sync == "full":
             os.fsync(fd)
-        if time.monotonic() - self._last_fold > self.fold_interval:
-            self._last_fold = time.monotonic()
-            with contextlib.suppress(StoreLockedError):
-                with self._db(True, timeout=0.05) as con:
-                    self._fold_run(con, lease.run_id)
+        folder = self._folders.get(lease.run_id)
+        if folder is not None:
+            folder.wrote(len(data))
 
     def release(self, lease: Lease) -> None:
+        folder = self._folders.pop(lease.run_id, None)
+        if folder is not None:
+            folder.stop()
         beat = self._beats.pop(lease.run_id, None)
         if beat is not None:
             beat.stop()
@@ -662,6 +694,54 @@ class _Heartbeat:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+class _Folder:
+    """Folds a run's journal into the file in the background while the run goes on.
+
+    Woken when ``FOLD_WAKE_BYTES`` of journal were written, or every ``fold_interval`` seconds if anything was. DuckDB releases the
+    GIL while it works, so on a machine with a spare core the fold overlaps
+    the driver instead of adding to it, and the fold left at release is only
+    the tail. A fold that finds the file locked (a reader) is simply retried
+    at the next wake-up; the journal is the durable copy either way.
+    """
+
+    def __init__(self, store: DuckDBStore, run_id: str) -> None:
+        self.store, self.run_id = store, run_id
+        self.pending = 0
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"ledgerflow-fold-{run_id}")
+        self._thread.start()
+
+    def wrote(self, n: int) -> None:
+        self.pending += n
+        if self.pending >= FOLD_WAKE_BYTES:
+            self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self.store.fold_interval)
+            self._wake.clear()
+            if self._stopping:
+                return
+            if not self.pending:
+                continue
+            self.pending = 0     # advisory: bytes written meanwhile wake the next fold
+            try:
+                with self.store._db(True, timeout=0.05) as con:
+                    self.store._fold_run(con, self.run_id)
+            except StoreLockedError:
+                self.pending = 1
+            except Exception:   # the fold at release reports what is still wrong
+                log.warning("background fold of run %s failed", self.run_id, exc_info=True)
+
+    def stop(self) -> None:
+        """Stop folding; waits for a fold in progress (the caller folds the rest)."""
+        self._stopping = True
+        self._wake.set()
+        self._thread.join()
 
 
 def _split_at_creations(records: Sequence[Sequence[Any]]) -> Iterator[Sequence[Sequence[Any]]]:

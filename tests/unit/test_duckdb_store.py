@@ -8,8 +8,9 @@ import pytest
 
 import ledgerflow
 import ledgerflow.runner
-from ledgerflow import pipeline, task
+from ledgerflow import context, pipeline, task
 from ledgerflow_stores import duckdb_store
+from tests.waiting import wait_until
 
 
 @task(retries=1)
@@ -99,3 +100,31 @@ def test_a_crash_inside_a_split_commit_leaves_a_prefix_that_resumes(tmp_path, mo
     view = ledgerflow.get_run(first.run_id, store=store).status()
     assert len(view.tasks) == 201
     assert {t.attempts for t in view.tasks.values()} == {1}
+
+
+def test_the_journal_is_folded_in_the_background_while_a_task_runs(tmp_path, monkeypatch) -> None:
+    """The driver is busy inside a long task; the ledger file still catches up."""
+    ledger = str(tmp_path / "l.duckdb")
+    monkeypatch.setattr(duckdb_store, "FOLD_WAKE_BYTES", 1)
+
+    @task
+    def long() -> str:
+        me = context().run_id
+
+        def running_in_file() -> bool:
+            store = duckdb_store.DuckDBStore(ledger)
+            with store._db(False) as con:      # the folded tables only, no journal tail
+                # inline: "running" is committed with the result; "ready" before
+                return con is not None and con.execute(
+                    "SELECT state FROM tasks WHERE run_id = ?", [me]).fetchall() == [
+                    ("ready",)]
+
+        wait_until(running_in_file, timeout=20, what="the background fold")
+        return "seen"
+
+    @pipeline
+    def p():
+        return long()
+
+    run = p.run(store=ledger, executor="inline")
+    assert run.result() == "seen"
