@@ -59,7 +59,7 @@ FOLD_BATCH_BYTES = 4 << 20
 #: Journal bytes that wake the background fold (see :class:`_Folder`).
 FOLD_WAKE_BYTES = 1 << 20
 #: DuckDB's memory limit while the ledger is open for writing (a fold).
-FOLD_MEMORY = "128MB"
+FOLD_MEMORY = "64MB"
 #: A commit creating more tasks than this is written as several lines, split
 #: before a ``T`` record (see :func:`_split_at_creations`).
 LINE_RECORDS = 10_000
