@@ -59,7 +59,7 @@ FOLD_BATCH_BYTES = 4 << 20
 #: Journal bytes that wake the background fold (see :class:`_Folder`).
 FOLD_WAKE_BYTES = 1 << 20
 #: DuckDB's memory limit while the ledger is open for writing (a fold).
-FOLD_MEMORY = "64MB"
+FOLD_MEMORY = "128MB"
 #: A commit creating more tasks than this is written as several lines, split
 #: before a ``T`` record (see :func:`_split_at_creations`).
 LINE_RECORDS = 10_000
@@ -301,9 +301,6 @@ class DuckDBStore:
                                  hint="check the path and its permissions") from None
             try:
                 if write:
-                    # the fold works in bounded batches; without a limit DuckDB keeps
-                    # ~1 KB a folded task cached (+25% time at 100k tasks with it)
-                    con.execute(f"SET memory_limit='{FOLD_MEMORY}'")
                     self._migrate(con)
                 else:
                     self._check(con)
@@ -442,10 +439,30 @@ class DuckDBStore:
                 self._fold_run(con, run_id)
 
     # -- folding -------------------------------------------------------------------------
-    def _fold_run(self, con: Any, run_id: str) -> None:
+    def _fold_run(self, con: Any, run_id: str, max_bytes: int | None = None) -> bool:
+        """Fold ``run_id``'s journal; with ``max_bytes``, stop after about that much.
+
+        Returns True if journal was left unfolded because of ``max_bytes``.
+        """
         segs = self._segments(run_id)
         if not segs:
-            return
+            return False
+        # the fold works in bounded batches; without a limit DuckDB keeps ~1 KB a folded
+        # task cached (the limit costs ~10% more time at 100k tasks)
+        con.execute(f"SET memory_limit='{FOLD_MEMORY}'")
+        try:
+            return self._fold_segments(con, run_id, segs, max_bytes)
+        except duckdb.OutOfMemoryException:
+            # DuckDB cannot spill every operator: what needs more than the limit gets
+            # it (each batch committed with its offset, so this continues, not redoes)
+            log.info("fold of run %s needs more than %s; retrying without the limit",
+                     run_id, FOLD_MEMORY)
+            con.execute("RESET memory_limit")
+            return self._fold_segments(con, run_id, self._segments(run_id), max_bytes)
+
+    def _fold_segments(self, con: Any, run_id: str, segs: list[tuple[int, Path]],
+                       max_bytes: int | None) -> bool:
+        budget = max_bytes
         folded = dict(con.execute('SELECT token, "offset" FROM journal_folds WHERE run_id = ?',
                                   [run_id]).fetchall())
         row = con.execute("SELECT token FROM runs WHERE run_id = ?", [run_id]).fetchall()
@@ -457,24 +474,33 @@ class DuckDBStore:
             # memory stays flat however long the journal is, and a crash mid-fold
             # resumes from the last committed batch
             for body, end in _iter_lines(path, start, FOLD_BATCH_BYTES):
-                con.execute("BEGIN")
-                try:
-                    if stale:   # what a superseded driver wrote after the takeover
-                        count = sum(len(json.loads(line)) for line in body.split(b"\n")
-                                    if line)
-                        con.execute("INSERT INTO notices VALUES (?, NULL, NULL, ?, ?, ?)",
-                                    [run_id, "stale_driver_rejected",
-                                     f"rejected {count} record(s) written under superseded "
-                                     f"token {token}", time.time()])
-                    else:
-                        _insert(con, run_id, token, body,
-                                self.side / "tmp" / f"fold-{os.getpid()}-{threading.get_ident()}.json")
-                    con.execute("INSERT OR REPLACE INTO journal_folds VALUES (?, ?, ?)",
-                                [run_id, token, end])
-                    con.execute("COMMIT")
-                except BaseException:
-                    con.execute("ROLLBACK")
-                    raise
+                self._fold_batch(con, run_id, token, stale, body, end)
+                if budget is not None:
+                    budget -= len(body)
+                    if budget <= 0:
+                        return True
+        return False
+
+    def _fold_batch(self, con: Any, run_id: str, token: int, stale: bool, body: bytes,
+                    end: int) -> None:
+        """One batch of journal lines and its journal offset, in one transaction."""
+        con.execute("BEGIN")
+        try:
+            if stale:   # what a superseded driver wrote after the takeover
+                count = sum(len(json.loads(line)) for line in body.split(b"\n") if line)
+                con.execute("INSERT INTO notices VALUES (?, NULL, NULL, ?, ?, ?)",
+                            [run_id, "stale_driver_rejected",
+                             f"rejected {count} record(s) written under superseded "
+                             f"token {token}", time.time()])
+            else:
+                _insert(con, run_id, token, body,
+                        self.side / "tmp" / f"fold-{os.getpid()}-{threading.get_ident()}.json")
+            con.execute("INSERT OR REPLACE INTO journal_folds VALUES (?, ?, ?)",
+                        [run_id, token, end])
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
 
     # -- results -------------------------------------------------------------------------
     def put_blob(self, enc: Encoded) -> str | None:
@@ -710,6 +736,7 @@ class _Folder:
         self.store, self.run_id = store, run_id
         self.pending = 0
         self._wake = threading.Event()
+        self._stop = threading.Event()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"ledgerflow-fold-{run_id}")
@@ -729,17 +756,30 @@ class _Folder:
             if not self.pending:
                 continue
             self.pending = 0     # advisory: bytes written meanwhile wake the next fold
+            started = time.monotonic()
             try:
+                # a bounded bite, then the file is free again: readers in other
+                # processes and a fork waiting for the lock get their turn
                 with self.store._db(True, timeout=0.05) as con:
-                    self.store._fold_run(con, self.run_id)
+                    if self.store._fold_run(con, self.run_id, max_bytes=4 * FOLD_BATCH_BYTES):
+                        self.pending = FOLD_WAKE_BYTES
             except StoreLockedError:
                 self.pending = 1
             except Exception:   # the fold at release reports what is still wrong
                 log.warning("background fold of run %s failed", self.run_id, exc_info=True)
+            # leave the file free a quarter of the time (at least 50 ms)
+            if self._stop_wait(max(0.05, (time.monotonic() - started) / 3)):
+                return
+            if self.pending >= FOLD_WAKE_BYTES:
+                self._wake.set()
+
+    def _stop_wait(self, seconds: float) -> bool:
+        return self._stop.wait(seconds)
 
     def stop(self) -> None:
         """Stop folding; waits for a fold in progress (the caller folds the rest)."""
         self._stopping = True
+        self._stop.set()
         self._wake.set()
         self._thread.join()
 

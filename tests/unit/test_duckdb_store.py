@@ -128,3 +128,13 @@ def test_the_journal_is_folded_in_the_background_while_a_task_runs(tmp_path, mon
 
     run = p.run(store=ledger, executor="inline")
     assert run.result() == "seen"
+
+
+def test_a_fold_that_needs_more_memory_than_the_limit_retries_without_it(
+        tmp_path, monkeypatch, caplog) -> None:
+    monkeypatch.setattr(duckdb_store, "FOLD_MEMORY", "1MB")
+    caplog.set_level("INFO", logger="ledgerflow")
+    disk = fan.run(n=3000, store=str(tmp_path / "l.duckdb"), executor="inline")
+    mem = fan.run(n=3000, store=f"memory:{tmp_path}", executor="inline")
+    assert any("retrying without the limit" in r.getMessage() for r in caplog.records)
+    assert _rows(mem.status()) == _rows(disk.status())
