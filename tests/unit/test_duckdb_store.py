@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -28,6 +29,13 @@ def total(xs: list[int]) -> int:
 @pipeline
 def fan(n: int):
     return total(maybe.map(list(range(n))))
+
+
+def _release_without_fold(self, lease) -> None:
+    """What a driver killed after its last commit leaves: the journal, unfolded."""
+    self._folders.pop(lease.run_id).stop()
+    self._beats.pop(lease.run_id).stop()
+    os.close(self._fds.pop(lease.run_id)[1])
 
 
 def _rows(view):
@@ -64,7 +72,7 @@ def test_large_commits_are_split_and_fold_like_the_memory_store(tmp_path, monkey
     monkeypatch.setattr(duckdb_store, "LINE_RECORDS", 50)
     monkeypatch.setattr(ledgerflow.runner, "COMMIT_RECORDS", 60)
     monkeypatch.setattr(duckdb_store, "FOLD_BATCH_BYTES", 4000)
-    monkeypatch.setattr(duckdb_store.DuckDBStore, "release", lambda self, lease: None)
+    monkeypatch.setattr(duckdb_store.DuckDBStore, "release", _release_without_fold)
     disk = fan.run(n=500, store=str(tmp_path / "l.duckdb"), executor="inline")
     (journal,) = (tmp_path / "l.duckdb.d" / "journals").glob("*.jsonl")
     lines = [json.loads(x) for x in journal.read_bytes().splitlines()]
@@ -82,7 +90,7 @@ def test_large_commits_are_split_and_fold_like_the_memory_store(tmp_path, monkey
 def test_a_crash_inside_a_split_commit_leaves_a_prefix_that_resumes(tmp_path, monkeypatch) -> None:
     store = str(tmp_path / "l.duckdb")
     monkeypatch.setattr(duckdb_store, "LINE_RECORDS", 30)
-    monkeypatch.setattr(duckdb_store.DuckDBStore, "release", lambda self, lease: None)
+    monkeypatch.setattr(duckdb_store.DuckDBStore, "release", _release_without_fold)
     first = wide.run(n=200, store=store, executor="inline")
     monkeypatch.undo()
     (journal,) = (tmp_path / "l.duckdb.d" / "journals").glob("*.jsonl")
@@ -138,3 +146,27 @@ def test_a_fold_that_needs_more_memory_than_the_limit_retries_without_it(
     mem = fan.run(n=3000, store=f"memory:{tmp_path}", executor="inline")
     assert any("retrying without the limit" in r.getMessage() for r in caplog.records)
     assert _rows(mem.status()) == _rows(disk.status())
+
+
+def test_a_bounded_fold_stops_between_batches_and_the_next_one_continues(
+        tmp_path, monkeypatch) -> None:
+    path = str(tmp_path / "l.duckdb")
+    monkeypatch.setattr(duckdb_store, "LINE_RECORDS", 50)
+    monkeypatch.setattr(ledgerflow.runner, "COMMIT_RECORDS", 50)
+    monkeypatch.setattr(duckdb_store.DuckDBStore, "release", _release_without_fold)
+    run = fan.run(n=400, store=path, executor="inline")
+    monkeypatch.undo()
+    monkeypatch.setattr(duckdb_store, "FOLD_BATCH_BYTES", 20_000)
+    store = duckdb_store.DuckDBStore(path)
+    (journal,) = (tmp_path / "l.duckdb.d" / "journals").glob("*.jsonl")
+    size = journal.stat().st_size
+    offsets = []
+    while True:
+        with store._db(True) as con:
+            more = store._fold_run(con, run.run_id, max_bytes=50_000)
+            offsets.append(con.execute('SELECT "offset" FROM journal_folds').fetchall()[0][0])
+        if not more:
+            break
+    assert len(offsets) > 3 and offsets == sorted(offsets) and offsets[-1] == size
+    mem = fan.run(n=400, store=f"memory:{tmp_path}", executor="inline")
+    assert _rows(mem.status()) == _rows(ledgerflow.get_run(run.run_id, store=path).status())
