@@ -56,6 +56,8 @@ log = logging.getLogger("ledgerflow")
 SCHEMA_VERSION = 1
 INLINE_LIMIT = 2048
 FOLD_BATCH_BYTES = 4 << 20
+#: Journal bytes folded on one connection before it is closed and the file left free.
+FOLD_BITE_BYTES = 2 * FOLD_BATCH_BYTES
 #: Journal bytes that wake the background fold (see :class:`_Folder`).
 FOLD_WAKE_BYTES = 1 << 20
 #: DuckDB's memory limit while the ledger is open for writing (a fold).
@@ -415,14 +417,20 @@ class DuckDBStore:
         if beat is not None and beat.fenced:
             return
         try:
-            with self._db(True) as con:
-                self._fold_run(con, lease.run_id)
-                state = con.execute("SELECT state FROM runs WHERE run_id = ?",
-                                    [lease.run_id]).fetchall()
-                if state and state[0][0] in ("succeeded", "failed", "cancelled"):
-                    # fully folded and finished: the journal has served its purpose
-                    for _, seg in self._segments(lease.run_id):
-                        seg.unlink(missing_ok=True)
+            more = True
+            while more:
+                # in bites, each on a fresh connection: DuckDB keeps what it cached while
+                # a connection stays open, on top of the run's own memory
+                with self._db(True) as con:
+                    more = self._fold_run(con, lease.run_id, max_bytes=FOLD_BITE_BYTES)
+                    if more:
+                        continue
+                    state = con.execute("SELECT state FROM runs WHERE run_id = ?",
+                                        [lease.run_id]).fetchall()
+                    if state and state[0][0] in ("succeeded", "failed", "cancelled"):
+                        # fully folded and finished: the journal has served its purpose
+                        for _, seg in self._segments(lease.run_id):
+                            seg.unlink(missing_ok=True)
         except StoreLockedError:
             pass   # readers add the tail; the next writer folds it
         lease_doc = self._read_lease(lease.run_id)
@@ -761,7 +769,7 @@ class _Folder:
                 # a bounded bite, then the file is free again: readers in other
                 # processes and a fork waiting for the lock get their turn
                 with self.store._db(True, timeout=0.05) as con:
-                    if self.store._fold_run(con, self.run_id, max_bytes=4 * FOLD_BATCH_BYTES):
+                    if self.store._fold_run(con, self.run_id, max_bytes=FOLD_BITE_BYTES):
                         self.pending = FOLD_WAKE_BYTES
             except StoreLockedError:
                 self.pending = 1

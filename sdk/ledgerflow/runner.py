@@ -126,10 +126,14 @@ class Runner:
         log.warning("run %s task %s attempt %d: %s", self.run_id, key, attempt, message)
         self.buf.append(("N", key, attempt, kind, message, time.time()))
 
+    def _flush(self) -> None:
+        """Write the buffered records (no unlocking: see :meth:`_commit`)."""
+        records, self.buf = self.buf, []
+        self.store.append(self.lease, records)
+
     def _commit(self) -> None:
         if self.buf:
-            records, self.buf = self.buf, []
-            self.store.append(self.lease, records)
+            self._flush()
         if self.unlock:
             done, self.unlock = self.unlock, []
             for inst in done:
@@ -145,7 +149,13 @@ class Runner:
         prior = self.prior.tasks if self.prior else {}
         now = time.time()
         restored: list[Inst] = []
+        buf = self.buf
         for inst in created:
+            if len(buf) >= COMMIT_RECORDS:
+                # creating many tasks: write their records as they come (a creation
+                # unlocks nothing), so 100,000 new tasks are not one 15 MB commit
+                self._flush()
+                buf = self.buf
             row = prior.get(inst.key)
             if row is None:
                 self.active += 1
