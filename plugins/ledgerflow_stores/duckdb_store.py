@@ -661,14 +661,17 @@ class DuckDBStore:
         with self._db(False) as con:
             if con is None:
                 return out
+            # one row per fingerprint (the newest run's): the index grows with the
+            # distinct work done, not with how many times it was re-run
             rows = con.execute(
-                "SELECT fingerprint, run_id, task_key, result_hash, result_kind, "
-                "result_data, result_uri, result_size FROM tasks "
+                "SELECT DISTINCT ON (fingerprint) fingerprint, run_id, task_key, result_hash, "
+                "result_kind, result_data, result_uri, result_size FROM tasks "
                 "WHERE state = 'succeeded' AND fingerprint IS NOT NULL "
                 "AND task_name IN (SELECT unnest($1::VARCHAR[])) "
-                "AND run_id IS DISTINCT FROM $2", [names, exclude_run]).fetchall()
+                "AND run_id IS DISTINCT FROM $2 ORDER BY fingerprint, run_id DESC",
+                [names, exclude_run]).fetchall()
         for fp, *rest in rows:
-            out.setdefault(fp, tuple(rest))
+            out[fp] = tuple(rest)
         return out
 
     def _records(self, run_id: str, kind: str, sql: str) -> tuple[RunView, list[Any]]:

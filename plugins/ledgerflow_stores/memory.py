@@ -31,6 +31,7 @@ class MemoryStore:
         self._held: set[str] = set()
         self._cancel: set[str] = set()
         self._blobs: dict[str, bytes] = {}
+        self._indexes: dict[str, dict[str, tuple[str, tuple[Any, ...]]]] = {}
 
     def create_run(self, run_id: str, records: Sequence[Sequence[Any]]) -> Lease:
         with self._lock:
@@ -50,6 +51,7 @@ class MemoryStore:
             token = self._tokens[run_id] + 1
             self._tokens[run_id] = token
             self._held.add(run_id)
+            self._indexes.pop(run_id, None)
             self._cancel.discard(run_id)
         return Lease(run_id, token)
 
@@ -104,16 +106,29 @@ class MemoryStore:
                      exclude_run: str | None = None) -> dict[str, tuple[Any, ...]]:
         names = set(task_names)
         out: dict[str, tuple[Any, ...]] = {}
-        for run_id in list(self._records):
+        for run_id in reversed(list(self._records)):      # newest run first
             if run_id == exclude_run:
                 continue
-            view = self.get_run(run_id)
-            for row in view.tasks.values():
-                if row.state == "succeeded" and row.task_name in names and row.fingerprint:
-                    out.setdefault(row.fingerprint, (
-                        run_id, row.key, row.result_hash, row.result_kind, row.result_data,
-                        row.result_uri, row.result_size))
+            for fp, (name, hit) in self._successes(run_id).items():
+                if name in names:
+                    out.setdefault(fp, hit)
         return out
+
+    def _successes(self, run_id: str) -> dict[str, tuple[str, tuple[Any, ...]]]:
+        """fingerprint -> (task name, cache hit) of a run; kept once the run is idle."""
+        index = self._indexes.get(run_id)
+        if index is not None:
+            return index
+        index = {}
+        for row in self.get_run(run_id).tasks.values():
+            if row.state == "succeeded" and row.fingerprint:
+                index.setdefault(row.fingerprint, (row.task_name, (
+                    run_id, row.key, row.result_hash, row.result_kind, row.result_data,
+                    row.result_uri, row.result_size)))
+        with self._lock:
+            if run_id not in self._held:    # a driven run changes; an idle one does not
+                self._indexes[run_id] = index
+        return index
 
     def _rows(self, run_id: str, kind: str) -> list[Sequence[Any]]:
         self.get_run(run_id)

@@ -79,6 +79,29 @@ class StoreContract:
         assert [a["outcome"] for a in st.attempts("r1")] == ["error", "ok"]
         assert st.cache_lookup(["a"])["fp1"][0] == "r1"
 
+    def test_cache_index_has_one_entry_per_fingerprint_from_the_newest_run(
+            self, tmp_path: Path) -> None:
+        st = self._store(tmp_path)
+        for rid in ("c1", "c2", "c3"):      # run ids sort by time, as new_run_id() makes them
+            lease = st.create_run(rid, _records(rid))
+            now = time.time()
+            st.append(lease, [
+                ("T", "a", "a", "a", None, None, [], "v1", now),
+                ("E", 1, "a", 0, None, "pending", "", now),
+                ("E", 2, "a", 0, "pending", "ready", "", now),
+                ("E", 3, "a", 1, "ready", "running", "attempt 1", now),
+                ("A", "a", 1, "ok", now, now, "", "", ""),
+                ("R", "a", 1, "fp-same", "h1", "json", "1", None, 1, None),
+                ("E", 4, "a", 1, "running", "succeeded", "", now),
+                ("S", "succeeded", "", now),
+            ])
+            st.release(lease)
+            time.sleep(0.01)
+        index = st.cache_lookup(["a"])
+        assert list(index) == ["fp-same"] and index["fp-same"][0] == "c3"
+        assert st.cache_lookup(["a"], exclude_run="c3")["fp-same"][0] == "c2"
+        assert st.cache_lookup(["b"]) == {}
+
     def test_unknown_run(self, tmp_path: Path) -> None:
         st = self._store(tmp_path)
         try:
