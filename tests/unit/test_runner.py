@@ -433,3 +433,50 @@ def test_a_worker_process_that_dies_loses_its_attempt(ledger: str, tmp_path: Pat
     run = p.run(store=ledger, executor="processes")
     assert run.result() == "second attempt"
     assert [a["outcome"] for a in run.attempts("crash")] == ["lost", "ok"]
+
+
+def test_gc_settings_come_back_after_overlapping_runs() -> None:
+    import gc
+
+    from ledgerflow._gc import quiet_gc
+    before = gc.get_threshold()
+    frozen = gc.get_freeze_count()
+    a, b = quiet_gc(), quiet_gc()
+    a.__enter__()
+    b.__enter__()
+    assert gc.get_threshold()[0] >= 20_000
+    a.__exit__(None, None, None)        # the first run ends while the second goes on
+    assert gc.get_threshold()[0] >= 20_000 and gc.get_freeze_count() > 0
+    b.__exit__(None, None, None)
+    assert gc.get_threshold() == before and gc.get_freeze_count() == frozen == 0
+
+
+def test_a_run_leaves_the_gc_as_it_found_it(ledger: str) -> None:
+    import gc
+
+    @task
+    def one() -> int:
+        return 1
+
+    @pipeline
+    def p():
+        return one()
+
+    before = gc.get_threshold()
+    assert p.run(store=ledger, executor="inline").result() == 1
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+def test_objects_the_program_froze_stay_frozen() -> None:
+    import gc
+
+    from ledgerflow._gc import quiet_gc
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with quiet_gc():
+            pass
+        # not unfrozen (a frozen object may still be freed by its refcount meanwhile)
+        assert gc.get_freeze_count() > frozen - 100
+    finally:
+        gc.unfreeze()
