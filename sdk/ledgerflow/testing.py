@@ -39,6 +39,14 @@ def _records(run_id: str) -> list[tuple[Any, ...]]:
             ("S", "running", "", now)]
 
 
+def _started(key: str, now: float) -> list[tuple[Any, ...]]:
+    """Records of task ``key`` created and running its first attempt."""
+    return [("T", key, key, key, None, None, [], "v1", now),
+            ("E", 1, key, 0, None, "pending", "", now),
+            ("E", 2, key, 0, "pending", "ready", "", now),
+            ("E", 3, key, 1, "ready", "running", "attempt 1", now)]
+
+
 class StoreContract:
     """Behaviour every :class:`~ledgerflow.store.RunStore` must show."""
 
@@ -52,10 +60,7 @@ class StoreContract:
         lease = st.create_run("r1", _records("r1"))
         now = time.time()
         st.append(lease, [
-            ("T", "a", "a", "a", None, None, [], "v1", now),
-            ("E", 1, "a", 0, None, "pending", "", now),
-            ("E", 2, "a", 0, "pending", "ready", "", now),
-            ("E", 3, "a", 1, "ready", "running", "attempt 1", now),
+            *_started("a", now),
             ("A", "a", 1, "error", now, now, "ValueError", "boom", ""),
             ("E", 4, "a", 1, "running", "retry_wait", "", now),
             ("E", 5, "a", 1, "retry_wait", "ready", "", now),
@@ -86,10 +91,7 @@ class StoreContract:
             lease = st.create_run(rid, _records(rid))
             now = time.time()
             st.append(lease, [
-                ("T", "a", "a", "a", None, None, [], "v1", now),
-                ("E", 1, "a", 0, None, "pending", "", now),
-                ("E", 2, "a", 0, "pending", "ready", "", now),
-                ("E", 3, "a", 1, "ready", "running", "attempt 1", now),
+                *_started("a", now),
                 ("A", "a", 1, "ok", now, now, "", "", ""),
                 ("R", "a", 1, "fp-same", "h1", "json", "1", None, 1, None),
                 ("E", 4, "a", 1, "running", "succeeded", "", now),
