@@ -6,8 +6,10 @@ never keeps the file open. It appends each group commit as one JSON line to
 a per-run journal (``<ledger>.d/journals/<run>.<token>.jsonl``: one
 ``write()``, plus ``fsync`` with ``LEDGERFLOW_SYNC=full``) - that append is
 the durability point - and folds journals into the DuckDB tables in
-set-based batches (Arrow tables, ``INSERT ... SELECT``), opening the file
-only for the fold (every few seconds and at the end). Readers in any
+set-based batches (DuckDB's JSON reader, ``INSERT ... SELECT``, one
+``UPDATE``), opening the file only for the fold: a background thread folds
+while the run goes on (:class:`_Folder`), the driver folds the tail at the
+end. Readers in any
 process open the file read-only for a moment and add the unfolded journal
 tail, so ``status``, ``runs`` and ``cancel`` work while a run is active;
 a lock held by someone else is waited out briefly, then reported as
@@ -60,7 +62,7 @@ FOLD_BATCH_BYTES = 4 << 20
 FOLD_BITE_BYTES = 2 * FOLD_BATCH_BYTES
 #: Journal bytes that wake the background fold (see :class:`_Folder`).
 FOLD_WAKE_BYTES = 1 << 20
-#: DuckDB's memory limit while the ledger is open for writing (a fold).
+#: DuckDB's memory limit during a fold (a batch that needs more is retried without).
 FOLD_MEMORY = "128MB"
 #: A commit creating more tasks than this is written as several lines, split
 #: before a ``T`` record (see :func:`_split_at_creations`).
@@ -111,6 +113,7 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             FROM artifacts a LEFT JOIN tasks t USING (run_id, task_key)""",
     ]),
 ]
+
 
 def _json_dumps() -> Callable[[Any], str]:
     """Compact JSON for journal lines: the C encoder built once, not per call."""
@@ -736,10 +739,12 @@ class _Heartbeat:
 class _Folder:
     """Folds a run's journal into the file in the background while the run goes on.
 
-    Woken when ``FOLD_WAKE_BYTES`` of journal were written, or every ``fold_interval`` seconds if anything was. DuckDB releases the
-    GIL while it works, so on a machine with a spare core the fold overlaps
-    the driver instead of adding to it, and the fold left at release is only
-    the tail. A fold that finds the file locked (a reader) is simply retried
+    Woken when ``FOLD_WAKE_BYTES`` of journal were written, or every
+    ``fold_interval`` seconds if anything was. DuckDB releases the GIL while it
+    works, so on a machine with a spare core the fold overlaps the driver
+    instead of adding to it, and the fold left at release is only the tail.
+    Each wake-up folds at most ``FOLD_BITE_BYTES`` and then leaves the file
+    free for a while. A fold that finds the file locked (a reader) is retried
     at the next wake-up; the journal is the durable copy either way.
     """
 
@@ -748,7 +753,6 @@ class _Folder:
         self.pending = 0
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._stopping = False
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"ledgerflow-fold-{run_id}")
         self._thread.start()
@@ -762,7 +766,7 @@ class _Folder:
         while True:
             self._wake.wait(self.store.fold_interval)
             self._wake.clear()
-            if self._stopping:
+            if self._stop.is_set():
                 return
             if not self.pending:
                 continue
@@ -779,17 +783,13 @@ class _Folder:
             except Exception:   # the fold at release reports what is still wrong
                 log.warning("background fold of run %s failed", self.run_id, exc_info=True)
             # leave the file free a quarter of the time (at least 50 ms)
-            if self._stop_wait(max(0.05, (time.monotonic() - started) / 3)):
+            if self._stop.wait(max(0.05, (time.monotonic() - started) / 3)):
                 return
             if self.pending >= FOLD_WAKE_BYTES:
                 self._wake.set()
 
-    def _stop_wait(self, seconds: float) -> bool:
-        return self._stop.wait(seconds)
-
     def stop(self) -> None:
         """Stop folding; waits for a fold in progress (the caller folds the rest)."""
-        self._stopping = True
         self._stop.set()
         self._wake.set()
         self._thread.join()
