@@ -64,9 +64,6 @@ FOLD_BITE_BYTES = 2 * FOLD_BATCH_BYTES
 FOLD_WAKE_BYTES = 1 << 20
 #: DuckDB's memory limit during a fold (a batch that needs more is retried without).
 FOLD_MEMORY = "128MB"
-#: A commit creating more tasks than this is written as several lines, split
-#: before a ``T`` record (see :func:`_split_at_creations`).
-LINE_RECORDS = 10_000
 TERMINAL_SQL = "('succeeded','failed','cancelled','upstream_failed')"
 
 MIGRATIONS: list[tuple[int, list[str]]] = [
@@ -393,11 +390,7 @@ class DuckDBStore:
         if entry is None or entry[0] != lease.token or (beat is not None and beat.fenced):
             raise LeaseLostError(f"run {lease.run_id} was taken over by another driver; "
                                  f"token {lease.token} is no longer valid")
-        if len(records) > LINE_RECORDS:
-            data = "".join(_dumps(part) + "\n"
-                           for part in _split_at_creations(records)).encode()
-        else:
-            data = (_dumps(records) + "\n").encode()
+        data = (_dumps(records) + "\n").encode()
         fd = entry[1]
         os.write(fd, data)
         if self.sync == "full":
@@ -793,23 +786,6 @@ class _Folder:
         self._stop.set()
         self._wake.set()
         self._thread.join()
-
-
-def _split_at_creations(records: Sequence[Sequence[Any]]) -> Iterator[Sequence[Sequence[Any]]]:
-    """Cut a large commit into parts of about ``LINE_RECORDS`` records.
-
-    Cuts fall only before a ``T`` record (a task's creation), so a part never
-    separates a result from its state change: a crash that keeps only the
-    first parts leaves a ledger that is a consistent prefix (resume creates
-    the tasks whose records were lost). Keeping lines short keeps the fold's
-    memory bounded: a 100,000-task pipeline is not one 16 MB line.
-    """
-    start = 0
-    for i in range(LINE_RECORDS, len(records)):
-        if i - start >= LINE_RECORDS and records[i][0] == "T":
-            yield records[start:i]
-            start = i
-    yield records[start:]
 
 
 def _read_lines(path: Path, start: int) -> tuple[list[bytes], int]:

@@ -68,16 +68,15 @@ def wide(n: int):
     return total([one(i) for i in range(n)])
 
 
-def test_large_commits_are_split_and_fold_like_the_memory_store(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(duckdb_store, "LINE_RECORDS", 50)
+def test_commits_are_bounded_and_fold_like_the_memory_store(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(ledgerflow.runner, "COMMIT_RECORDS", 60)
     monkeypatch.setattr(duckdb_store, "FOLD_BATCH_BYTES", 4000)
     monkeypatch.setattr(duckdb_store.DuckDBStore, "release", _release_without_fold)
     disk = fan.run(n=500, store=str(tmp_path / "l.duckdb"), executor="inline")
     (journal,) = (tmp_path / "l.duckdb.d" / "journals").glob("*.jsonl")
     lines = [json.loads(x) for x in journal.read_bytes().splitlines()]
-    # the run's 500 tasks are created in one commit, written as lines of about 50 records,
-    # each cut before a task's creation; the inline fan-out commits in bounded groups
+    # the runner writes the 500 tasks' creation records in groups of whole tasks, and the
+    # inline fan-out commits in bounded groups
     assert max(len(x) for x in lines) < 100
     assert sum(r[0] == "T" for x in lines for r in x) == 501
     assert all(x[0][0] == "T" for x in lines[2:12])
@@ -87,16 +86,17 @@ def test_large_commits_are_split_and_fold_like_the_memory_store(tmp_path, monkey
     assert _rows(mem.status()) == _rows(disk.status())
 
 
-def test_a_crash_inside_a_split_commit_leaves_a_prefix_that_resumes(tmp_path, monkeypatch) -> None:
+def test_a_crash_while_tasks_are_created_leaves_a_prefix_that_resumes(tmp_path, monkeypatch) -> None:
     store = str(tmp_path / "l.duckdb")
-    monkeypatch.setattr(duckdb_store, "LINE_RECORDS", 30)
+    monkeypatch.setattr(ledgerflow.runner, "COMMIT_RECORDS", 30)
     monkeypatch.setattr(duckdb_store.DuckDBStore, "release", _release_without_fold)
     first = wide.run(n=200, store=store, executor="inline")
     monkeypatch.undo()
     (journal,) = (tmp_path / "l.duckdb.d" / "journals").glob("*.jsonl")
     lines = journal.read_bytes().splitlines(keepends=True)
-    # keep the run's header and the first three parts of its creating commit, then a
-    # torn line: what a kill -9 in the middle of that write() leaves
+    # keep the run's header and the first three groups of creation records, then a
+    # torn line: what a kill -9 while the tasks were being created leaves
+    assert all(line.startswith(b'[["T",') for line in lines[1:5])
     journal.write_bytes(b"".join(lines[:4]) + lines[4][:17])
     (tmp_path / "l.duckdb.d" / "runs" / first.run_id / "lease").unlink()
     before = ledgerflow.get_run(first.run_id, store=store).status()
@@ -151,7 +151,6 @@ def test_a_fold_that_needs_more_memory_than_the_limit_retries_without_it(
 def test_a_bounded_fold_stops_between_batches_and_the_next_one_continues(
         tmp_path, monkeypatch) -> None:
     path = str(tmp_path / "l.duckdb")
-    monkeypatch.setattr(duckdb_store, "LINE_RECORDS", 50)
     monkeypatch.setattr(ledgerflow.runner, "COMMIT_RECORDS", 50)
     monkeypatch.setattr(duckdb_store.DuckDBStore, "release", _release_without_fold)
     run = fan.run(n=400, store=path, executor="inline")
