@@ -103,6 +103,17 @@ class StoreContract:
         assert list(index) == ["fp-same"] and index["fp-same"][0] == "c3"
         assert st.cache_lookup(["a"], exclude_run="c3")["fp-same"][0] == "c2"
         assert st.cache_lookup(["b"]) == {}
+        # a resumed run adds successes: the index must show them
+        lease = st.take_over("c1")
+        now = time.time()
+        st.append(lease, [
+            *_started("b", now),
+            ("A", "b", 1, "ok", now, now, "", "", ""),
+            ("R", "b", 1, "fp-b", "h2", "json", "2", None, 1, None),
+            ("E", 8, "b", 1, "running", "succeeded", "", now),
+        ])
+        st.release(lease)
+        assert st.cache_lookup(["b"])["fp-b"][:2] == ("c1", "b")
 
     def test_unknown_run(self, tmp_path: Path) -> None:
         st = self._store(tmp_path)
