@@ -154,15 +154,19 @@ def test_code_version_without_source_is_stable_and_tracks_the_body() -> None:
     assert code_version(a.clean) != code_version(renamed.clean)
 
 
-def test_code_version_without_source_is_stable_across_interpreters() -> None:
+def _versions_across_interpreters(body: str, name: str, seeds: tuple[str, ...]) -> set[str]:
+    """The code version of ``name`` defined by ``body`` in a fresh interpreter per hash seed."""
     code = ("import types; from ledgerflow.keys import code_version\n"
             "m = types.ModuleType('__main__')\n"
-            f"exec(compile({BODY!r}, '<cell>', 'exec'), m.__dict__)\n"
-            "print(code_version(m.clean))")
-    versions = {subprocess.run([sys.executable, "-c", code], text=True, check=True,
-                               capture_output=True, env={**os.environ, "PYTHONHASHSEED": seed}
-                               ).stdout.strip() for seed in ("1", "2")}
-    assert len(versions) == 1
+            f"exec(compile({body!r}, '<cell>', 'exec'), m.__dict__)\n"
+            f"print(code_version(m.{name}))")
+    return {subprocess.run([sys.executable, "-c", code], text=True, check=True,
+                           capture_output=True, env={**os.environ, "PYTHONHASHSEED": seed}
+                           ).stdout.strip() for seed in seeds}
+
+
+def test_code_version_without_source_is_stable_across_interpreters() -> None:
+    assert len(_versions_across_interpreters(BODY, "clean", ("1", "2"))) == 1
 
 
 SET_BODY = """
@@ -172,11 +176,4 @@ def keep(word):
 
 
 def test_code_version_of_set_literals_is_stable_across_interpreters() -> None:
-    code = ("import types; from ledgerflow.keys import code_version\n"
-            "m = types.ModuleType('__main__')\n"
-            f"exec(compile({SET_BODY!r}, '<cell>', 'exec'), m.__dict__)\n"
-            "print(code_version(m.keep))")
-    versions = {subprocess.run([sys.executable, "-c", code], text=True, check=True,
-                               capture_output=True, env={**os.environ, "PYTHONHASHSEED": seed}
-                               ).stdout.strip() for seed in ("1", "2", "3", "4")}
-    assert len(versions) == 1
+    assert len(_versions_across_interpreters(SET_BODY, "keep", ("1", "2", "3", "4"))) == 1
