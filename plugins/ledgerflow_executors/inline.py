@@ -17,6 +17,8 @@ class InlineExecutor:
     """Runs jobs synchronously inside :meth:`submit`."""
 
     name = "inline"
+    #: the runner calls each attempt itself, one at a time, in the driver thread
+    runs_in_driver = True
 
     def __init__(self) -> None:
         self._done: Callable[[Completion], None] | None = None

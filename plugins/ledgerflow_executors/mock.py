@@ -22,6 +22,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from ledgerflow import NonRetryableError, hookimpl
@@ -77,15 +78,13 @@ class MockExecutor:
             self._report(self._call(job, rule, flag))
             return
         if job.attempt <= int(rule.get("fail", 0)):
-            c = execute(Job(job.id, job.run_id, job.task_key, job.attempt,
-                            _raiser(MockFailure(f"scripted failure {job.attempt}")), (), {},
-                            job.idempotency_key), flag.is_set)
+            c = execute(_scripted(job, _raiser(MockFailure(f"scripted failure {job.attempt}"))),
+                        flag.is_set)
             self._report(c)
             return
         if rule.get("error") == "nonretryable":
-            self._report(execute(Job(job.id, job.run_id, job.task_key, job.attempt,
-                                     _raiser(NonRetryableError("scripted: do not retry")), (),
-                                     {}, job.idempotency_key), flag.is_set))
+            self._report(execute(_scripted(job, _raiser(NonRetryableError("scripted: do not retry"))),
+                                 flag.is_set))
             return
         c = self._call(job, rule, flag)
         self._report(c)
@@ -95,8 +94,7 @@ class MockExecutor:
     def _call(self, job: Job, rule: Mapping[str, Any], flag: threading.Event) -> Completion:
         if "value" in rule:
             value = rule["value"]
-            job = Job(job.id, job.run_id, job.task_key, job.attempt, lambda: value, (), {},
-                      job.idempotency_key)
+            job = _scripted(job, lambda: value)
         return execute(job, flag.is_set)
 
     def cancel(self, job_id: int, *, reason: str) -> None:
@@ -110,6 +108,11 @@ class MockExecutor:
         for flag in self._flags.values():
             flag.set()
         self._done = None
+
+
+def _scripted(job: Job, fn: Callable[[], Any]) -> Job:
+    """``job`` with its function replaced by a scripted one (no arguments)."""
+    return replace(job, fn=fn, args=(), kwargs={})
 
 
 def _raiser(exc: BaseException) -> Callable[[], Any]:

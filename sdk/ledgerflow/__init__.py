@@ -14,6 +14,7 @@ from __future__ import annotations
 from importlib import metadata as _metadata
 
 from .context import RunContext, TaskCancelled, context
+from .control import Run, cancel, get_run, plan_resume, resume, run, runs
 from .errors import (
     CycleError,
     DefinitionError,
@@ -28,7 +29,6 @@ from .errors import (
 )
 from .hookspecs import hookimpl
 from .pipeline import Pipeline, pipeline
-from .run import Run, cancel, get_run, plan_resume, resume, run, runs
 from .task import Task, task
 
 try:

@@ -19,7 +19,19 @@ if TYPE_CHECKING:
 
 
 class TaskCancelled(BaseException):
-    """Raised by :meth:`RunContext.raise_if_cancelled`; ends the attempt as cancelled."""
+    """Raised by :meth:`RunContext.raise_if_cancelled`; ends the attempt as cancelled.
+
+    A ``BaseException``, so a task's ``except Exception`` does not swallow it.
+    Raise it yourself to stop an attempt that saw ``cancel_requested``: the
+    attempt ends ``cancelled`` on every executor.
+    """
+
+
+class TaskTimedOut(BaseException):
+    """Raise from a task that enforces its own deadline: the attempt ends ``timeout``.
+
+    The attempt is then retried or failed like one the runner timed out.
+    """
 
 
 @dataclass(slots=True, kw_only=True)

@@ -4,7 +4,7 @@ Everything renders to self-contained HTML (inline SVG for graphs, no scripts,
 no internet). All text from the ledger or from user code is escaped.
 
 Example:
-    >>> from ledgerflow.store import RunView, TaskRow
+    >>> from ledgerflow.views import RunView, TaskRow
     >>> view = RunView("r1", pipeline="p", state="succeeded",
     ...                tasks={"a": TaskRow("a", state="succeeded", attempts=1)})
     >>> "succeeded" in run_html(view)
@@ -21,23 +21,26 @@ from html import escape
 from typing import Any
 
 from .graph import Graph
-from .store import RunView, TaskRow
+from .states import IN_FLIGHT, TERMINAL, TaskState
+from .views import RunView, TaskRow
+
+_T = TaskState
 
 #: Background colour of each task (and run) state.
 STATE_COLOURS: dict[str, str] = {
-    "pending": "#e5e7eb",
-    "ready": "#dbeafe",
-    "running": "#93c5fd",
-    "retry_wait": "#fde68a",
-    "cancelling": "#fed7aa",
-    "succeeded": "#bbf7d0",
-    "failed": "#fecaca",
-    "cancelled": "#d6d3d1",
-    "upstream_failed": "#fbcfe8",
+    _T.PENDING: "#e5e7eb",
+    _T.READY: "#dbeafe",
+    _T.RUNNING: "#93c5fd",
+    _T.RETRY_WAIT: "#fde68a",
+    _T.CANCELLING: "#fed7aa",
+    _T.SUCCEEDED: "#bbf7d0",
+    _T.FAILED: "#fecaca",
+    _T.CANCELLED: "#d6d3d1",
+    _T.UPSTREAM_FAILED: "#fbcfe8",
 }
 _DEFAULT_COLOUR = "#f3f4f6"
-_ORDER = ("succeeded", "running", "retry_wait", "ready", "pending", "cancelling", "failed",
-          "upstream_failed", "cancelled")
+_ORDER = (_T.SUCCEEDED, _T.RUNNING, _T.RETRY_WAIT, _T.READY, _T.PENDING, _T.CANCELLING,
+          _T.FAILED, _T.UPSTREAM_FAILED, _T.CANCELLED)
 _FONT = "font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12px"
 _MAX_ERROR = 200
 _MAX_SVG_NODES = 150
@@ -230,7 +233,7 @@ def svg_graph(nodes: Sequence[tuple[str, str, bool]], edges: Sequence[tuple[str,
 
 # -- live progress -----------------------------------------------------------------------
 
-_TERMINAL = frozenset({"succeeded", "failed", "cancelled", "upstream_failed"})
+_TERMINAL = frozenset(s.value for s in TERMINAL)
 
 
 class NotebookProgress:
@@ -297,13 +300,13 @@ class NotebookProgress:
         c = {"total": len(self.states), "done": 0, "running": 0, "failed": 0, "cancelled": 0,
              "waiting": 0}
         for s in self.states.values():
-            if s == "succeeded":
+            if s == _T.SUCCEEDED:
                 c["done"] += 1
-            elif s in ("running", "cancelling"):
+            elif s in IN_FLIGHT:
                 c["running"] += 1
-            elif s in ("failed", "upstream_failed"):
+            elif s in (_T.FAILED, _T.UPSTREAM_FAILED):
                 c["failed"] += 1
-            elif s == "cancelled":
+            elif s == _T.CANCELLED:
                 c["cancelled"] += 1
             else:
                 c["waiting"] += 1
@@ -324,9 +327,9 @@ class NotebookProgress:
         total = max(c["total"], 1)
         bar = "".join(
             f'<div style="width:{100 * n / total:.1f}%;background:{colour}"></div>'
-            for n, colour in ((c["done"], STATE_COLOURS["succeeded"]),
-                              (c["failed"], STATE_COLOURS["failed"]),
-                              (c["running"], STATE_COLOURS["running"])) if n)
+            for n, colour in ((c["done"], STATE_COLOURS[_T.SUCCEEDED]),
+                              (c["failed"], STATE_COLOURS[_T.FAILED]),
+                              (c["running"], STATE_COLOURS[_T.RUNNING])) if n)
         return (f'<div style="{_FONT}"><div style="display:flex;width:240px;height:8px;'
                 f'background:#eee;border-radius:4px;overflow:hidden">{bar}</div>'
                 f"{_e(self.text())}</div>")

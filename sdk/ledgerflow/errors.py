@@ -6,7 +6,7 @@ and exits with ``exc.exit_code``::
 
     PipelineError
     ├─ DefinitionError ─ DuplicateTaskError, CycleError (also graphlib.CycleError)
-    ├─ InputError ─ MissingInputError, ParameterBindError
+    ├─ InputError ─ ParameterBindError ─ MissingInputError
     ├─ TaskFailedError      (__cause__ = the user's exception)
     ├─ RunError ─ RunNotFoundError, NotResumableError, RunFailedError, LeaseLostError
     ├─ StoreError ─ StoreLockedError, SchemaVersionError, NotALedgerError
@@ -62,12 +62,12 @@ class InputError(PipelineError):
     """A parameter, file or argument given by the user is wrong."""
 
 
-class MissingInputError(InputError):
-    """A required pipeline parameter was not given."""
-
-
 class ParameterBindError(InputError, TypeError):
     """Arguments do not fit a task's or pipeline's signature."""
+
+
+class MissingInputError(ParameterBindError):
+    """A required pipeline parameter was not given."""
 
 
 class TaskFailedError(PipelineError):

@@ -3,7 +3,7 @@
 An executor receives :class:`Job`\\ s and reports each one exactly once
 through ``on_complete`` with a :class:`Completion` (a misbehaving executor
 may report more; the runner rejects extras). Executors never touch the
-ledger.
+ledger. ``ledgerflow.testing.ExecutorContract`` is the contract suite.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from .context import RunContext, TaskCancelled, run_in_context
+from .context import RunContext, TaskCancelled, TaskTimedOut, run_in_context
 from .results import Encoded, encode
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Job:
     """One attempt of one task, as handed to an executor."""
 
@@ -58,7 +58,17 @@ class Completion:
 
 @runtime_checkable
 class Executor(Protocol):
-    """What the runner needs from an executor plugin."""
+    """What the runner needs from an executor plugin.
+
+    Optional capabilities, as class attributes:
+
+    * ``runs_in_driver = True``: the runner calls each attempt itself, in the
+      driver thread, one at a time (the ``inline`` executor); ``submit`` is
+      then used only by callers other than the runner.
+    * ``inline_when_alone = True``: the runner may call a task in the driver
+      thread when it is the only one that can run and has no timeout (a chain
+      then pays no thread hand-off; the ``threads`` executor declares it).
+    """
 
     name: str
 
@@ -78,6 +88,16 @@ class Executor(Protocol):
         """Release workers; called once per drive."""
 
 
+def inline_when_alone(executor: object) -> bool:
+    """True if ``executor`` lets a lone task run in the driver thread (see Executor)."""
+    return bool(getattr(executor, "inline_when_alone", False))
+
+
+def runs_in_driver(executor: object) -> bool:
+    """True if the runner calls ``executor``'s attempts itself (see Executor)."""
+    return bool(getattr(executor, "runs_in_driver", False))
+
+
 def execute(job: Job, cancel: Callable[[], bool] | None = None, *,
             keep_value: bool = True) -> Completion:
     """Run ``job`` here and now; never raises (outcomes carry the errors)."""
@@ -91,6 +111,11 @@ def execute(job: Job, cancel: Callable[[], bool] | None = None, *,
     except TaskCancelled:
         return Completion(job.id, "cancelled", started_at=started, ended_at=time.time(),
                           lineage=ctx.lineage, has_value=False)
+    except TaskTimedOut as exc:
+        return Completion(job.id, "timeout", error_type="TimeoutError",
+                          error_message=str(exc) or "the task gave up: timed out",
+                          started_at=started, ended_at=time.time(), lineage=ctx.lineage,
+                          has_value=False)
     except Exception as exc:
         return Completion(job.id, "error", error=exc, error_type=type(exc).__name__,
                           error_message=str(exc)[:2000],

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import CycleError, DefinitionError
+from .errors import CycleError, DefinitionError, DuplicateTaskError
 from .task import MapRef, Task, TaskRef
 
 REF_TYPES = (TaskRef, MapRef)
@@ -63,21 +63,29 @@ class Graph:
         """Raise one :class:`DefinitionError` listing every problem, or return self."""
         problems = list(self.problems)
         names: dict[str, Task[..., Any]] = {}
+        duplicates: list[str] = []
         for node in self.nodes.values():
             other = names.setdefault(node.task.name, node.task)
             if other is not node.task and other.fn is not node.task.fn:
-                problems.append(
+                duplicates.append(
                     f"task name {node.task.name!r} is used by two different functions: "
                     f"{_where(other)} and {_where(node.task)}")
             for up in node.upstream:
                 if up not in self.nodes:
                     problems.append(f"task {node.key!r} depends on unknown task {up!r}")
+        problems.extend(duplicates)
         problems = sorted(dict.fromkeys(problems))
         cycle = self.find_cycle() if self.may_cycle else None
         if cycle:
             raise CycleError(cycle, problems=[*problems, "cycle: " + " -> ".join(cycle)])
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            if duplicates:
+                first = sorted(dict.fromkeys(duplicates))[0]
+                raise DuplicateTaskError(
+                    first + more, problems=problems,
+                    hint="rename one of them: @task(name=...)"
+                    + ("; all problems: " + "; ".join(problems) if more else ""))
             raise DefinitionError(problems[0] + more, problems=problems,
                                   hint="fix the pipeline definition; all problems: "
                                   + "; ".join(problems))

@@ -1,9 +1,11 @@
-"""Hook specifications: how plugins provide executors, stores and observers.
+"""Hook specifications: how plugins provide executors, stores, observers and commands.
 
 Plugins are modules of ``@hookimpl`` functions registered through the
 ``ledgerflow`` entry-point group (the built-ins use the same path). A hook
-implementation declares only the arguments it needs. Hooks are called with
-keyword arguments, in the driver process, never in a worker.
+implementation declares only the arguments it needs; hooks are called with
+keyword arguments. Each spec below says when it is called, in which process,
+and how results are combined. Observer hooks never break a run: what they
+raise is logged and dropped.
 """
 
 from __future__ import annotations
@@ -25,16 +27,21 @@ hookimpl = pluggy.HookimplMarker("ledgerflow")
 
 @hookspec(historic=True)
 def ledgerflow_addhooks(pluginmanager: pluggy.PluginManager) -> None:
-    """Add new hook specifications (e.g. an embedder registry).
+    """Add new hook specifications (e.g. an embedder or model registry).
 
-    Called once per plugin as it registers. Use
-    ``pluginmanager.add_hookspecs(module)``.
+    When: once per plugin, as it registers (historic: also for plugins that
+    register later). Process: wherever the plugin manager is built. Use
+    ``pluginmanager.add_hookspecs(module)``. Results: none.
     """
 
 
 @hookspec
 def ledgerflow_executor_names() -> list[str]:
-    """Return the executor names this plugin can build (for listings and errors)."""
+    """Return the executor names this plugin can build.
+
+    When: for listings (``pipeline plugins``) and error messages. Process: any.
+    Results: every plugin's lists are combined.
+    """
     raise NotImplementedError
 
 
@@ -42,15 +49,18 @@ def ledgerflow_executor_names() -> list[str]:
 def ledgerflow_make_executor(name: str, settings: Settings) -> Executor | None:
     """Build the executor called ``name``, or return None if it is not yours.
 
-    Called once per run (and per resume) in the driver. Stops at the first
-    non-None result.
+    When: once per run and per resume, before anything is recorded. Process:
+    the driver. Results: the first non-None result is used.
     """
     raise NotImplementedError
 
 
 @hookspec
 def ledgerflow_store_names() -> list[str]:
-    """Return the store names this plugin can build."""
+    """Return the store names this plugin can build.
+
+    When: for listings and error messages. Process: any. Results: combined.
+    """
     raise NotImplementedError
 
 
@@ -58,34 +68,49 @@ def ledgerflow_store_names() -> list[str]:
 def ledgerflow_make_store(name: str, settings: Settings) -> RunStore | None:
     """Build the run store called ``name``, or return None if it is not yours.
 
-    ``settings.store`` is the path (a file for ``duckdb``). Stops at the first
-    non-None result.
+    ``settings.store`` is its location (a file for ``duckdb``). When: every
+    time a command or a call opens the ledger. Process: any (drivers,
+    readers, the console). Results: the first non-None result is used.
     """
     raise NotImplementedError
 
 
 @hookspec
 def ledgerflow_run_start(run_id: str, pipeline: str, resumed: bool) -> None:
-    """Called in the driver when a run (or a resume of it) starts driving."""
+    """A run (or a resume of it) starts driving.
+
+    When: after the run's creation (or takeover) is committed, before any task
+    is dispatched. Process: the driver, in the thread that drives the run.
+    Results: none; exceptions are logged.
+    """
 
 
 @hookspec
 def ledgerflow_task_state_changed(run_id: str, task_key: str, old: str | None, new: str,
                                   attempt: int, reason: str) -> None:
-    """Called in the driver after each task transition is recorded.
+    """A task moved from ``old`` (None: it was just created) to ``new``.
 
-    Runs on the scheduler thread: keep it cheap. Exceptions are logged and
-    never break the run.
+    When: after the group commit that holds the transition returned, so an
+    observer never reports what a crash could still lose; transitions of one
+    commit arrive in the order they were made. Process: the driver, in the
+    thread that drives the run: keep it cheap. Results: none; exceptions are
+    logged and never break the run.
     """
 
 
 @hookspec
 def ledgerflow_run_finish(run_id: str, state: str) -> None:
-    """Called in the driver when a run stops driving (terminal or interrupted)."""
+    """A run stopped driving: ``state`` is its final state, or ``interrupted``.
+
+    When: after the run's last commit and the store's release. Process: the
+    driver. Results: none; exceptions are logged.
+    """
 
 
 @hookspec
 def ledgerflow_add_cli_commands(group: click.Group) -> None:
-    """Add commands to the ``pipeline`` CLI group."""
+    """Add commands to the ``pipeline`` CLI group (``group.add_command(...)``).
 
-
+    When: once, the first time the command line is parsed. Process: the
+    ``pipeline`` command. Results: none; a PluginError is shown as a warning.
+    """

@@ -8,6 +8,7 @@ equal fingerprints mean a committed result can be reused.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
 import json
@@ -33,9 +34,10 @@ def idempotency_key(run_id: str, task_key: str) -> str:
 
 
 def code_version(fn: Callable[..., Any]) -> str:
-    """Hash the source of ``fn`` (decorators and docstring excluded).
+    """Hash the code of ``fn``: its syntax tree, without decorators and docstring.
 
-    Falls back to the compiled code object when no source is available.
+    Comments, blank lines and formatting do not change it. Falls back to the
+    compiled code object when no source is available (some notebook cells).
     Covers only the function's own body: helpers it calls, globals it reads
     and installed libraries are not included; pass ``version=`` to pin it.
 
@@ -45,21 +47,34 @@ def code_version(fn: Callable[..., Any]) -> str:
         16
     """
     try:
-        src = textwrap.dedent(inspect.getsource(fn))
-        lines = src.splitlines()
-        while lines and lines[0].lstrip().startswith("@"):
-            lines.pop(0)
-        data = "\n".join(line.rstrip() for line in lines).encode()
-    except (OSError, TypeError):
-        data = _code_bytes(getattr(fn, "__code__", None)) or repr(fn).encode()
+        data = _tree_bytes(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError, ValueError):
+        code = getattr(fn, "__code__", None)
+        data = _code_bytes(code, getattr(fn, "__doc__", None)) or repr(fn).encode()
     return digest(data)[:16]
 
 
-def _code_bytes(code: types.CodeType | None) -> bytes:
+def _tree_bytes(source: str) -> bytes:
+    """The function's syntax tree with decorators and the docstring dropped."""
+    node = ast.parse(source).body[0]
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        raise ValueError("not a def")
+    node.decorator_list = []
+    body = node.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        node.body = body[1:] or [ast.Pass()]
+    return ast.dump(node, annotate_fields=False, include_attributes=False).encode()
+
+
+def _code_bytes(code: types.CodeType | None, doc: str | None = None) -> bytes:
     if code is None:
         return b""
     parts = [code.co_code, repr(code.co_names).encode(), repr(code.co_varnames).encode()]
-    for const in code.co_consts:
+    consts = code.co_consts
+    if doc is not None and consts and consts[0] == doc:     # the docstring
+        consts = consts[1:]
+    for const in consts:
         if isinstance(const, types.CodeType):
             parts.append(_code_bytes(const))
         elif isinstance(const, frozenset):   # set literals: order depends on the hash seed

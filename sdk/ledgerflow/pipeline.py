@@ -10,30 +10,29 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from ._gc import quiet_gc
 from .context import current_build
-from .errors import DefinitionError, ParameterBindError
+from .errors import DefinitionError, MissingInputError, ParameterBindError
 from .graph import REF_TYPES, Graph, Node
 from .task import MapRef, Task, TaskRef
 
 if TYPE_CHECKING:
-    from .run import Run
+    from .launch import Run, StoreArg
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 RUN_OPTIONS = frozenset({"store", "executor", "workers", "fail_fast", "wait", "settings",
-                         "run_id", "progress"})
+                         "run_id", "progress", "graph"})
 
 #: The keyword arguments of every call that has none (never mutated): one empty
 #: dict per call would cost 64 bytes a task.
 _NO_KWARGS: dict[str, Any] = {}
-
-#: Pipelines defined in this process, by name (resume looks here first).
-REGISTRY: dict[str, Pipeline[..., Any]] = {}
 
 
 class Build:
@@ -135,10 +134,40 @@ class Pipeline(Generic[P, R]):
                 f"pipeline {self.name!r} has parameter {sorted(clash)[0]!r}, a run option name",
                 hint="rename that parameter")
         functools.update_wrapper(self, fn)
-        REGISTRY[self.name] = self
+
+    def target(self) -> str | None:
+        """The target that loads this pipeline again, in this or another process.
+
+        ``FILE.py:NAME`` for a module loaded by path or a script, ``module:NAME``
+        for an importable module, ``__main__:NAME`` in a notebook or REPL (only
+        that process can resume the run).
+        """
+        mod = sys.modules.get(self.fn.__module__)
+        path = getattr(mod, "__file__", None)
+        if mod is not None and getattr(mod, "__ledgerflow_file__", None):
+            return f"{mod.__ledgerflow_file__}:{self.name}"
+        if self.fn.__module__ == "__main__":
+            return f"{os.path.abspath(path)}:{self.name}" if path else f"__main__:{self.name}"
+        if mod is not None:
+            return f"{self.fn.__module__}:{self.name}"
+        return None
 
     def bind(self, *args: Any, **params: Any) -> dict[str, Any]:
         """Check ``params`` against the signature; return all parameters by name."""
+        try:
+            self.signature.bind_partial(*args, **params)
+        except TypeError:
+            pass        # reported below, with the signature
+        else:
+            given = set(self.signature.bind_partial(*args, **params).arguments)
+            missing = [n for n, p in self.signature.parameters.items()
+                       if p.default is inspect.Parameter.empty and n not in given
+                       and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+            if missing:
+                raise MissingInputError(
+                    f"pipeline {self.name!r} needs parameter {missing[0]!r}; signature is "
+                    f"{self.name}{self.signature}",
+                    hint=f"pass it: -p {missing[0]}=... (or {self.name}.run({missing[0]}=...))")
         try:
             bound = self.signature.bind(*args, **params)
         except TypeError as exc:
@@ -170,7 +199,7 @@ class Pipeline(Generic[P, R]):
             current_build.reset(token)
         return build.graph.validate()
 
-    def run(self, *args: Any, store: str | None = None, executor: object = None,
+    def run(self, *args: Any, store: StoreArg = None, executor: object = None,
             workers: int | None = None, fail_fast: bool | None = None,
             wait: bool = True, run_id: str | None = None, progress: Any = None,
             **params: Any) -> Run:
@@ -178,7 +207,7 @@ class Pipeline(Generic[P, R]):
 
         With ``wait=False`` the run is driven in a background thread.
         """
-        from .run import start
+        from .launch import start
         return start(self, args, params, store=store, executor=executor, workers=workers,
                      fail_fast=fail_fast, wait=wait, run_id=run_id, progress=progress)
 

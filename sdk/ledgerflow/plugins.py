@@ -23,7 +23,7 @@ BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
     ("threads", "ledgerflow_executors.threads"),
     ("processes", "ledgerflow_executors.processes"),
     ("mock", "ledgerflow_executors.mock"),
-    ("duckdb", "ledgerflow_stores.duckdb_store"),
+    ("duckdb", "ledgerflow_stores.duckdb"),
     ("memory", "ledgerflow_stores.memory"),
 )
 

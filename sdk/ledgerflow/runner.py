@@ -1,10 +1,22 @@
 """Drive one run: dispatch ready tasks, record every transition, commit in groups.
 
 The :class:`Runner` is the only code that applies a state transition
-(:meth:`Runner._move`), and the user-code error boundary. It keeps all
-run state in memory and hands the store records in group commits; a
-task's dependents are released only after the commit holding its success
-returned (*durable before unlock*).
+(:meth:`Runner._move` for tasks, :meth:`Runner._move_run` for the run:
+creation, the resume reset and the restore of a prior run included), and
+the user-code error boundary. It keeps the run's state in memory and hands
+the store typed records (:mod:`ledgerflow.records`) in group commits.
+
+Two rules order the commits:
+
+* *durable before start*: no task code runs (in any executor) before every
+  record written so far, its own ``running`` transition included, is
+  committed; so after a crash at most the attempts that were running
+  re-execute, and each shows as ``lost``;
+* *durable before unlock* follows: a dependent starts only after the commit
+  that holds its upstream's success and result.
+
+Observers (the ``ledgerflow_task_state_changed`` hook, progress displays)
+hear of a transition after the commit that holds it.
 """
 
 from __future__ import annotations
@@ -24,29 +36,66 @@ from typing import Any
 from ._gc import quiet_gc
 from .config import Settings
 from .errors import InvalidTransitionError, PipelineError
-from .executor import Completion, Executor, Job, execute
+from .executor import Completion, Executor, Job, execute, inline_when_alone, runs_in_driver
 from .graph import Graph
 from .keys import fingerprint_base, finish_fingerprint
+from .plan import UNSET, Instance, Plan
+from .records import (
+    FORMAT_VERSION,
+    ArtifactRecorded,
+    AttemptEnded,
+    DriverHeader,
+    Notice,
+    Record,
+    ResultRecorded,
+    RunDefined,
+    RunStateChanged,
+    TaskCreated,
+    Transition,
+)
 from .results import decode
-from .scheduler import _UNSET, Inst, Plan
-from .states import _TASK_EDGES, reset_for_resume, transition
-from .store import Lease, RunStore, RunView
+from .resume import decide
+from .states import (
+    _TASK_EDGES,
+    FAILED_LIKE,
+    IN_FLIGHT,
+    NOT_STARTED,
+    TERMINAL,
+    RunState,
+    TaskState,
+    check_restored,
+    run_transition,
+    transition,
+)
+from .store import CacheHit, Lease, RunStore
+from .views import RunView, TaskRow
 
 log = logging.getLogger("ledgerflow")
 
-_FAILED_LIKE = ("failed", "cancelled", "upstream_failed")
-_TERMINAL = frozenset((*_FAILED_LIKE, "succeeded"))
+_T = TaskState
+_PENDING, _READY, _RUNNING = _T.PENDING.value, _T.READY.value, _T.RUNNING.value
+_RETRY_WAIT, _CANCELLING = _T.RETRY_WAIT.value, _T.CANCELLING.value
+_SUCCEEDED, _FAILED, _CANCELLED = _T.SUCCEEDED.value, _T.FAILED.value, _T.CANCELLED.value
+_UPSTREAM_FAILED = _T.UPSTREAM_FAILED.value
+_TERMINAL = frozenset(s.value for s in TERMINAL)
+_FAILED_LIKE = frozenset(s.value for s in FAILED_LIKE)
+_NOT_STARTED = frozenset(s.value for s in NOT_STARTED)
+_IN_FLIGHT = frozenset(s.value for s in IN_FLIGHT)
+
 #: A group commit is flushed once it holds this many records, even while more
-#: tasks are ready (an inline fan-out would otherwise commit once at the end).
+#: tasks are ready (a fan-out would otherwise commit once at the end).
 COMMIT_RECORDS = 4096
+
+#: Observer callbacks: (run_id, task_key, old, new, attempt, reason).
+Change = tuple[str, str, str | None, str, int, str]
 
 
 class Runner:
-    """The driver loop of one run (see module docstring)."""
+    """The driver loop of one run (see the module docstring)."""
 
     def __init__(self, *, graph: Graph, store: RunStore, executor: Executor,
-                 settings: Settings, run_id: str, lease: Lease, prior: RunView | None,
-                 cache: dict[str, tuple[Any, ...]] | None = None,
+                 settings: Settings, run_id: str, prior: RunView | None = None,
+                 cache: dict[str, CacheHit] | None = None,
                  hook_changed: Callable[..., Any] | None = None,
                  cancel_event: threading.Event | None = None,
                  on_change: Callable[[str, str, str], None] | None = None) -> None:
@@ -55,28 +104,32 @@ class Runner:
         self.executor = executor
         self.settings = settings
         self.run_id = run_id
-        self.lease = lease
         self.prior = prior
         self.cache = cache or {}
         self.hook_changed = hook_changed
         self.on_change = on_change
         self.observed = hook_changed is not None or on_change is not None
         self.cancel_event = cancel_event or threading.Event()
+        self.lease: Lease | None = None
+        self.run_state: str | None = prior.state if prior else None
         self.plan = Plan(graph)
-        self.buf: list[tuple[Any, ...]] = []
+        self.buf: list[Record] = []
+        self.changes: list[Change] = []        # told to observers after the commit
+        self.starting: list[Job] = []          # handed to the executor after the commit
         self.seq = prior.max_seq if prior else 0
-        self.ready: deque[Inst] = deque()
-        self.unlock: list[Inst] = []
+        self.ready: deque[Instance] = deque()
         self.inbox: deque[Completion] = deque()
         self.wake = threading.Event()
-        self.jobs: dict[int, Inst] = {}
+        self.jobs: dict[int, Instance] = {}
         self.timed_out: dict[int, tuple[str, int]] = {}     # job id -> (task, attempt)
-        self.finished: dict[int, Inst] = {}                 # job id -> its task
+        self.finished: dict[int, tuple[Instance, int]] = {}  # job id -> (task, attempt)
         self.timers: list[tuple[float, int, str, Any]] = []
         self.next_job = 0
+        self.next_timer = 0
         self.inflight = 0
         self.active = 0              # tasks not yet terminal
         self.cancelling = False
+        self.cancel_reason = ""
         self.cancel_deadline: float | None = None
         self.failed_tasks = 0
         self.cancelled_tasks = 0
@@ -84,100 +137,156 @@ class Runner:
         self.next_poll = 0.0
         self.fp_base: dict[Any, Any] = {}        # task -> its fingerprint's fixed part
         self._driver = threading.get_ident()
-        # an executor may let a lone task run in the driver thread: nothing else could
-        # run meanwhile, so the thread hand-off would only add latency
-        self.inline_when_alone = bool(getattr(executor, "inline_when_alone", False))
+        self.in_driver = runs_in_driver(executor)
+        self.workers = 1 if self.in_driver else settings.workers
+        self.inline_when_alone = inline_when_alone(executor)
 
-    # -- records ------------------------------------------------------------------------
-    def _move(self, inst: Inst, target: str, reason: str = "") -> None:
-        """Apply one task transition: check it, record it, tell observers."""
+    # -- the run's own records ----------------------------------------------------------
+    def create(self, *, pipeline: str, target: str | None, params: dict[str, Any],
+               options: dict[str, Any]) -> Lease:
+        """Record a new run and take its lease (nothing runs yet)."""
+        now = time.time()
+        records: list[Record] = [
+            RunDefined(self.run_id, pipeline, target, params_json(params), now,
+                       json.dumps(options, sort_keys=True)),
+            driver_header(1)]
+        self._move_run(RunState.RUNNING, "", records=records)
+        self.lease = self.store.create_run(self.run_id, records)
+        return self.lease
+
+    def take_over(self, lease: Lease) -> None:
+        """Continue a run whose lease ``lease`` this process now holds (resume)."""
+        self.lease = lease
+        records: list[Record] = [driver_header(lease.token)]
+        self._move_run(RunState.RUNNING, "resumed", resume=True, records=records)
+        self.store.append(lease, records)
+
+    def _move_run(self, target: RunState, reason: str, *, resume: bool = False,
+                  records: list[Record] | None = None) -> None:
+        """Apply one run transition: check it and record it."""
+        run_transition(self.run_id, self.run_state, target, resume=resume)
+        self.run_state = target.value
+        (self.buf if records is None else records).append(
+            RunStateChanged(target.value, reason, time.time()))
+
+    # -- task transitions ---------------------------------------------------------------
+    def _move(self, inst: Instance, target: str, reason: str = "", *,
+              resume: bool = False) -> None:
+        """Apply one task transition: check it, record it, queue it for observers."""
         old = inst.state
-        if old and target not in _TASK_EDGES[old]:
-            transition(inst.key, old, target)      # raises InvalidTransitionError
+        if not old or target not in _TASK_EDGES[old]:
+            transition(inst.key, old or None, target, resume=resume)   # raises if illegal
         self.seq += 1
-        self.buf.append(("E", self.seq, inst.key, inst.attempt, old or None, target, reason,
-                         time.time()))
+        self.buf.append(Transition(self.seq, inst.key, inst.attempt, old or None, target,
+                                   reason, time.time()))
         inst.state = target
         if target in _TERMINAL:
             self.active -= 1
+        elif old in _TERMINAL or not old:
+            self.active += 1
         if self.observed:
-            self._notify(inst, old, target, reason)
+            self.changes.append((self.run_id, inst.key, old or None, target, inst.attempt,
+                                 reason))
 
-    def _notify(self, inst: Inst, old: str, new: str, reason: str) -> None:
-        if self.hook_changed is not None:
-            try:
-                self.hook_changed(run_id=self.run_id, task_key=inst.key, old=old or None,
-                                  new=new, attempt=inst.attempt, reason=reason)
-            except Exception:  # observers must never break a run
-                log.exception("ledgerflow_task_state_changed hook failed")
-        if self.on_change is not None:
-            try:
-                self.on_change(inst.key, old, new)
-            except Exception:  # a progress display must never break a run
-                log.exception("progress callback failed")
+    def _restore(self, inst: Instance, row: TaskRow) -> None:
+        """Take a task's state from the prior drive, then apply the resume policy."""
+        inst.state = check_restored(inst.key, row.state).value
+        if inst.state not in _TERMINAL:
+            self.active += 1
+        inst.attempt = row.attempts
+        inst.used = row.attempts - row.budget_base
+        if inst.state == _SUCCEEDED:
+            inst.hash = row.result_hash
+            inst.ref = (row.result_kind or "json", row.result_data, row.result_uri)
+            return
+        decision = decide(row, inst.node.task.options.retries)
+        if decision.lost:
+            self.buf.append(AttemptEnded(inst.key, inst.attempt, "lost", row.started_at,
+                                         time.time(), "",
+                                         "the driving process died while the attempt ran", ""))
+        for target, reason in decision.moves:
+            self._move(inst, target.value, reason, resume=True)
+            if target == _T.PENDING:
+                inst.used = 0
 
-    def _release(self, ready: list[Inst]) -> None:
-        for r in ready:
-            if r.state == "pending":
-                self._move(r, "ready")
-                self.ready.append(r)
+    def _notify(self, changes: list[Change]) -> None:
+        for change in changes:
+            if self.hook_changed is not None:
+                run_id, key, old, new, attempt, reason = change
+                try:
+                    self.hook_changed(run_id=run_id, task_key=key, old=old, new=new,
+                                      attempt=attempt, reason=reason)
+                except Exception:  # observers must never break a run
+                    log.exception("ledgerflow_task_state_changed hook failed")
+            if self.on_change is not None:
+                try:
+                    self.on_change(change[1], change[2] or "", change[3])
+                except Exception:  # a progress display must never break a run
+                    log.exception("progress callback failed")
 
     def _note(self, key: str, attempt: int, kind: str, message: str) -> None:
         log.warning("run %s task %s attempt %d: %s", self.run_id, key, attempt, message)
-        self.buf.append(("N", key, attempt, kind, message, time.time()))
+        self.buf.append(Notice(key, attempt, kind, message, time.time()))
 
+    # -- commits ------------------------------------------------------------------------
     def _flush(self) -> None:
-        """Write the buffered records (no unlocking: see :meth:`_commit`)."""
-        records, self.buf = self.buf, []
-        self.store.append(self.lease, records)
+        """Write the buffered records (one group commit), then tell observers."""
+        if self.buf:
+            records, self.buf = self.buf, []
+            assert self.lease is not None
+            self.store.append(self.lease, records)
+        if self.changes:
+            changes, self.changes = self.changes, []
+            self._notify(changes)
 
     def _commit(self) -> None:
-        if self.buf:
-            self._flush()
-        if self.unlock:
-            done, self.unlock = self.unlock, []
-            for inst in done:
-                ready, created = self.plan.succeeded(inst, self._resolve)
-                if created:
-                    self._adopt(created)
-                if ready:
-                    self._release(ready)
+        """Flush, then hand the attempts dispatched meanwhile to the executor."""
+        self._flush()
+        if self.starting:
+            jobs, self.starting = self.starting, []
+            for job in jobs:
+                self._start_job(job, alone=len(jobs) == 1)
+
+    def _release(self, ready: list[Instance]) -> None:
+        for r in ready:
+            if r.state == _PENDING:
+                self._move(r, _READY)
+                self.ready.append(r)
 
     # -- set-up -------------------------------------------------------------------------
-    def _adopt(self, created: list[Inst]) -> None:
+    def _adopt(self, created: list[Instance]) -> None:
         """Register new instances: record them, restore prior state, link them."""
         prior = self.prior.tasks if self.prior else {}
         now = time.time()
-        restored: list[Inst] = []
-        buf = self.buf
+        restored: list[Instance] = []
         for inst in created:
-            if len(buf) >= COMMIT_RECORDS:
-                # creating many tasks: write their records as they come (a creation
-                # unlocks nothing), so 100,000 new tasks are not one 15 MB commit
+            if len(self.buf) >= COMMIT_RECORDS:
+                # creating many tasks: write their records as they come (nothing runs
+                # before they are committed anyway), so 100,000 new tasks are not one
+                # 15 MB commit and a crash meanwhile leaves a consistent prefix
                 self._flush()
-                buf = self.buf
             row = prior.get(inst.key)
             if row is None:
-                self.active += 1
-                self.buf.append(("T", inst.key, inst.node.task.name, inst.node.key,
-                                 None if inst.group is None else inst.key[len(inst.node.key):],
-                                 inst.pos, [getattr(u, "key", "") for u in inst.up],
-                                 inst.node.task.version, now))
-                self._move(inst, "pending", "")
+                node = inst.node
+                self.buf.append(TaskCreated(
+                    inst.key, node.task.name, node.key,
+                    None if inst.group is None else inst.key[len(node.key):], inst.pos,
+                    [u.key for u in inst.up], node.task.version, now))
+                self._move(inst, _PENDING)
             else:
                 self._restore(inst, row)
-                if inst.state == "succeeded":
+                if inst.state == _SUCCEEDED:
                     restored.append(inst)
                     continue
             failed_up = self.plan.link(inst)
-            if inst.state == "ready":
+            if inst.state == _READY:
                 self.ready.append(inst)
             elif failed_up is not None:
-                self._move(inst, "upstream_failed", f"upstream {failed_up} did not succeed")
+                self._move(inst, _UPSTREAM_FAILED, f"upstream {failed_up} did not succeed")
                 self.failed_tasks += 1
-                self._doom(inst)
+                self._fail_downstream(inst)
             elif inst.waiting == 0:
-                self._move(inst, "ready")
+                self._move(inst, _READY)
                 self.ready.append(inst)
         for inst in restored:
             if inst.feeds or inst.group is not None:
@@ -186,75 +295,39 @@ class Runner:
                 self._adopt(more)
                 self._release(ready)
 
-    def _restore(self, inst: Inst, row: Any) -> None:
-        """Bring a task known to the ledger to succeeded, pending or ready."""
-        inst.state = row.state
-        if row.state not in _FAILED_LIKE and row.state != "succeeded":
-            self.active += 1
-        inst.attempt = row.attempts
-        inst.used = row.attempts - row.budget_base
-        if row.state == "succeeded":
-            inst.hash = row.result_hash
-            inst.ref = (row.result_kind, row.result_data, row.result_uri)
-            return
-        if row.state in ("running", "cancelling"):
-            self.buf.append(("A", inst.key, inst.attempt, "lost", row.started_at, time.time(),
-                             "", "the driving process died while the attempt ran", ""))
-            if row.state == "cancelling":
-                self._move(inst, "cancelled", "driver died while cancelling (attempt lost)")
-            elif inst.used <= inst.node.task.options.retries:
-                self._move(inst, "retry_wait", "attempt lost: driver died")
-            else:
-                self._move(inst, "failed", "attempt lost: driver died, no retries left")
-        if inst.state in _FAILED_LIKE:
-            self._reset(inst)
-        elif inst.state == "retry_wait":
-            self._move(inst, "ready", "resume")
-
-    def _reset(self, inst: Inst) -> None:
-        """Send a failed, cancelled or upstream_failed task back to pending (resume)."""
-        old = inst.state
-        reset_for_resume(inst.key, old)
-        self.seq += 1
-        self.buf.append(("E", self.seq, inst.key, inst.attempt, old, "pending",
-                         "resume: reset with a fresh attempt budget", time.time()))
-        inst.state = "pending"
-        inst.used = 0
-        self.active += 1
-        if self.observed:
-            self._notify(inst, old, "pending", "resume")
-
     # -- driving ------------------------------------------------------------------------
     def drive(self) -> str:
         """Run until every task is terminal; return the run's final state."""
+        if self.lease is None:
+            raise InvalidTransitionError(f"run {self.run_id} is driven without a lease")
         self._driver = threading.get_ident()
-        self.executor.start(workers=self.settings.workers, on_complete=self._on_complete)
+        self.executor.start(workers=self.workers, on_complete=self._on_complete)
         with quiet_gc():
             try:
                 self._adopt(self.plan.instantiate())
-                self._commit()
                 return self._loop()
             finally:
                 self.executor.shutdown()
 
+    def _poll_cancel(self) -> None:
+        now = time.monotonic()
+        if now >= self.next_poll:
+            self.next_poll = now + 0.1
+            if not self.cancelling and self._cancel_seen():
+                self._start_cancel("cancel requested")
+
     def _loop(self) -> str:
-        workers = self.settings.workers
+        workers = self.workers
         while True:
-            now = time.monotonic()
-            if now >= self.next_poll:
-                self.next_poll = now + 0.1
-                if not self.cancelling and (self.cancel_event.is_set()
-                                            or self.store.cancel_requested(self.run_id)):
-                    self._start_cancel("cancel requested")
+            self._poll_cancel()
             while self.ready and self.inflight < workers and not self.cancelling:
                 inst = self.ready.popleft()
-                if inst.state == "ready":
+                if inst.state == _READY:
                     self._dispatch(inst)
-                if self.inbox:
-                    self._drain()
                 if len(self.buf) >= COMMIT_RECORDS:
-                    self._commit()       # bound the group commit (and the journal line)
+                    self._flush()       # bound the group commit (and the journal line)
             self._commit()
+            self._drain()
             if self.ready and self.inflight < workers and not self.cancelling:
                 continue
             if self.active <= 0 and self.inflight == 0 and not self.ready:
@@ -294,9 +367,9 @@ class Runner:
             self._complete(inbox.popleft())
 
     def _resolve(self, thing: Any) -> Any:
-        if not isinstance(thing, Inst):
+        if not isinstance(thing, Instance):
             return self.plan.group_value(thing, self._resolve)
-        if thing.value is not _UNSET:
+        if thing.value is not UNSET:
             return thing.value
         if thing.enc is not None:
             value = decode(thing.enc.kind, thing.enc.data)
@@ -309,7 +382,8 @@ class Runner:
         thing.value = value
         return value
 
-    def _dispatch(self, inst: Inst) -> None:
+    def _dispatch(self, inst: Instance) -> None:
+        """A cache hit, or an attempt moved to ``running`` and queued for the commit."""
         node = inst.node
         opts = node.task.options
         try:
@@ -328,28 +402,36 @@ class Runner:
                 src_run, src_key, chash, kind, data, uri, size = hit
                 inst.hash = chash
                 inst.ref = (kind, data, uri)
-                self.buf.append(("R", inst.key, inst.attempt, inst.fp, chash, kind, data, uri,
-                                 size, src_run))
+                self.buf.append(ResultRecorded(inst.key, inst.attempt, inst.fp, chash, kind,
+                                               data, uri, size, src_run))
                 inst.fp = None
-                self._move(inst, "succeeded", f"cached: same fingerprint as {src_run}/{src_key}")
-                self.unlock.append(inst)
+                self._move(inst, _SUCCEEDED, f"cached: same fingerprint as {src_run}/{src_key}")
+                self._unlock(inst)
                 return
         inst.attempt += 1
         inst.used += 1
         self.next_job += 1
-        job = Job(self.next_job, self.run_id, inst.key, inst.attempt, node.task, args,
-                  kwargs, "", opts.timeout, node.task.name)   # idempotency key: lazily
+        job = Job(id=self.next_job, run_id=self.run_id, task_key=inst.key,
+                  attempt=inst.attempt, fn=node.task, args=args, kwargs=kwargs,
+                  timeout=opts.timeout, task_name=node.task.name)  # idempotency key: lazily
         inst.job = job
         self.jobs[job.id] = inst
         self.inflight += 1
-        self._move(inst, "running", f"attempt {inst.attempt}")
+        self._move(inst, _RUNNING, f"attempt {inst.attempt}")
         if opts.timeout is not None:
             self._timer(time.monotonic() + opts.timeout, "timeout", job.id)
-        elif self.inline_when_alone and self.inflight == 1 and not self.ready \
-                and not self.unlock:
-            # commit "running" first: other processes must see what is running
-            records, self.buf = self.buf, []
-            self.store.append(self.lease, records)
+        self.starting.append(job)
+
+    def _start_job(self, job: Job, *, alone: bool) -> None:
+        """Hand a committed ``running`` attempt to the executor (or run it here)."""
+        inst = self.jobs.get(job.id)
+        if inst is None:
+            return      # timed out before it could start
+        if inst.state != _RUNNING:      # cancelled before it could start: nothing ran
+            self._on_complete(Completion(job.id, "cancelled", has_value=False))
+            return
+        if self.in_driver or (alone and self.inline_when_alone and job.timeout is None
+                              and self.inflight == 1 and not self.ready):
             c = execute(job, self._cancel_seen)
             if not self.cancelling and self._cancel_seen():
                 self._start_cancel("cancel requested")   # running -> cancelling first
@@ -358,18 +440,18 @@ class Runner:
         try:
             self.executor.submit(job)
         except Exception as exc:  # executor refused (e.g. unpicklable function)
+            now = time.time()
             self._on_complete(Completion(job.id, "error", error=exc,
                                          error_type=type(exc).__name__,
                                          error_message=f"executor could not start it: {exc}",
-                                         started_at=time.time(), ended_at=time.time(),
-                                         has_value=False))
+                                         started_at=now, ended_at=now, has_value=False))
 
     def _cancel_seen(self) -> bool:
         return self.cancel_event.is_set() or self.store.cancel_requested(self.run_id)
 
     def _timer(self, when: float, kind: str, payload: Any) -> None:
-        self.next_job += 1
-        heapq.heappush(self.timers, (when, self.next_job, kind, payload))
+        self.next_timer += 1
+        heapq.heappush(self.timers, (when, self.next_timer, kind, payload))
 
     def _fire_timers(self) -> None:
         now = time.monotonic()
@@ -379,21 +461,22 @@ class Runner:
                 self._timeout(payload)
             elif kind == "retry":
                 inst = payload
-                if inst.state == "retry_wait" and not self.cancelling:
-                    self._move(inst, "ready", "retry delay over")
+                if inst.state == _RETRY_WAIT and not self.cancelling:
+                    self._move(inst, _READY, "retry delay over")
                     self.ready.append(inst)
 
     def _timeout(self, job_id: int) -> None:
-        inst = self.jobs.pop(job_id, None)
-        if inst is None or inst.state != "running":
-            if inst is not None:
-                self.jobs[job_id] = inst
+        inst = self.jobs.get(job_id)
+        if inst is None or inst.state != _RUNNING:
             return
+        del self.jobs[job_id]
         self.inflight -= 1
         self.timed_out[job_id] = (inst.key, inst.attempt)
         limit = inst.node.task.options.timeout
-        self.buf.append(("A", inst.key, inst.attempt, "timeout", None, time.time(),
-                         "TimeoutError", f"no result within {limit:g}s; attempt abandoned", ""))
+        assert limit is not None
+        self.buf.append(AttemptEnded(inst.key, inst.attempt, "timeout", None, time.time(),
+                                     "TimeoutError",
+                                     f"no result within {limit:g}s; attempt abandoned", ""))
         try:
             self.executor.cancel(job_id, reason="timeout")
         except Exception:
@@ -410,42 +493,42 @@ class Runner:
                            f"result ({c.outcome}) arrived after the attempt timed out; "
                            "rejected, not applied")
             elif done is not None:
-                # noted under the task's latest attempt (per-job attempt numbers are not
-                # kept: that would cost memory on every task for a rare report)
-                self._note(done.key, done.attempt, "duplicate_result_rejected",
+                self._note(done[0].key, done[1], "duplicate_result_rejected",
                            f"a second report ({c.outcome}) for an attempt already finished; "
                            "rejected")
             else:
                 log.warning("run %s: report for unknown job %d ignored", self.run_id, c.job_id)
             return
         self.inflight -= 1
-        self.finished[c.job_id] = inst
+        self.finished[c.job_id] = (inst, inst.attempt)
         inst.job = None
         limit = inst.node.task.options.timeout
         if limit is not None and c.outcome == "ok" and c.ended_at - c.started_at > limit \
-                and inst.state == "running":
+                and inst.state == _RUNNING:
             # it ran past its deadline before the timer could fire (e.g. inline): the
             # attempt timed out and its result is late, so it is rejected, not applied
-            self.buf.append(("A", inst.key, inst.attempt, "timeout", c.started_at, c.ended_at,
-                             "TimeoutError", f"no result within {limit:g}s", ""))
+            self.buf.append(AttemptEnded(inst.key, inst.attempt, "timeout", c.started_at,
+                                         c.ended_at, "TimeoutError",
+                                         f"no result within {limit:g}s", ""))
             self._note(inst.key, inst.attempt, "late_result_rejected",
                        f"result arrived after {c.ended_at - c.started_at:.3g}s, past the "
                        f"{limit:g}s timeout; rejected, not applied")
             self._retry_or_fail(inst, f"attempt {inst.attempt} timed out after {limit:g}s",
                                 None)
             return
-        self.buf.append(("A", inst.key, inst.attempt, c.outcome, c.started_at, c.ended_at,
-                         c.error_type, c.error_message, c.traceback))
+        self.buf.append(AttemptEnded(inst.key, inst.attempt, c.outcome, c.started_at,
+                                     c.ended_at, c.error_type, c.error_message, c.traceback))
         for direction, uri, chash, attrs in c.lineage:
-            self.buf.append(("L", inst.key, inst.attempt, direction, uri, chash, attrs))
+            self.buf.append(ArtifactRecorded(inst.key, inst.attempt, direction, uri, chash,
+                                             attrs))
         if c.outcome == "ok":
             self._succeed(inst, c)
-        elif inst.state == "cancelling":
-            if c.outcome == "cancelled" or c.outcome == "lost":
-                self._move(inst, "cancelled", "executor confirmed it stopped")
+        elif inst.state == _CANCELLING:
+            if c.outcome in ("cancelled", "lost"):
+                self._move(inst, _CANCELLED, "executor confirmed it stopped")
                 self.cancelled_tasks += 1
             else:
-                self._move(inst, "failed", f"{c.error_type}: {c.error_message}")
+                self._move(inst, _FAILED, f"{c.error_type}: {c.error_message}")
                 self.failed_tasks += 1
             self.plan.failed(inst)
         elif c.outcome == "cancelled":
@@ -455,7 +538,7 @@ class Runner:
                       else f"attempt {c.outcome}: {c.error_message}")
             self._retry_or_fail(inst, reason, c.error)
 
-    def _succeed(self, inst: Inst, c: Completion) -> None:
+    def _succeed(self, inst: Instance, c: Completion) -> None:
         enc = c.encoded
         assert enc is not None
         if c.has_value:
@@ -468,35 +551,43 @@ class Runner:
         if uri is not None and not c.has_value:
             inst.enc = None
             inst.ref = (enc.kind, None, uri)
-        self.buf.append(("R", inst.key, inst.attempt, inst.fp, enc.hash, enc.kind, data, uri,
-                         enc.size, None))
+        self.buf.append(ResultRecorded(inst.key, inst.attempt, inst.fp, enc.hash, enc.kind,
+                                       data, uri, enc.size, None))
         inst.fp = None      # recorded; a retry computes it again
-        self._move(inst, "succeeded", "")
-        self.unlock.append(inst)
+        self._move(inst, _SUCCEEDED)
+        self._unlock(inst)
 
-    def _retry_or_fail(self, inst: Inst, reason: str, exc: BaseException | None) -> None:
+    def _unlock(self, inst: Instance) -> None:
+        """Release what waited for ``inst`` (it starts only after the next commit)."""
+        ready, created = self.plan.succeeded(inst, self._resolve)
+        if created:
+            self._adopt(created)
+        if ready:
+            self._release(ready)
+
+    def _retry_or_fail(self, inst: Instance, reason: str, exc: BaseException | None) -> None:
         # only running attempts get here: a cancel moves every running task to
         # "cancelling" first, and _complete settles those itself
         opts = inst.node.task.options
         if opts.retryable(exc) and inst.used <= opts.retries:
             delay = opts.delay(inst.used, self.rand.random())
-            self._move(inst, "retry_wait", f"{reason}; retry in {delay:.3g}s")
+            self._move(inst, _RETRY_WAIT, f"{reason}; retry in {delay:.3g}s")
             self._timer(time.monotonic() + delay, "retry", inst)
             return
         why = reason if opts.retryable(exc) else f"{reason} (not retryable)"
         self._give_up(inst, why)
 
-    def _give_up(self, inst: Inst, reason: str) -> None:
-        self._move(inst, "failed", reason)
+    def _give_up(self, inst: Instance, reason: str) -> None:
+        self._move(inst, _FAILED, reason)
         self.failed_tasks += 1
-        self._doom(inst)
+        self._fail_downstream(inst)
         if self.settings.fail_fast and not self.cancelling:
             self._start_cancel(f"fail_fast: task {inst.key} failed")
 
-    def _doom(self, inst: Inst) -> None:
+    def _fail_downstream(self, inst: Instance) -> None:
         for d in self.plan.failed(inst):
-            if d.state == "pending":
-                self._move(d, "upstream_failed", f"upstream {inst.key} did not succeed")
+            if d.state == _PENDING:
+                self._move(d, _UPSTREAM_FAILED, f"upstream {inst.key} did not succeed")
                 self.failed_tasks += 1
 
     def _start_cancel(self, reason: str) -> None:
@@ -504,14 +595,14 @@ class Runner:
         self.cancel_reason = reason
         self.cancel_deadline = time.monotonic() + float(
             self.settings.options.get("cancel_grace", 30))
-        self.buf.append(("S", "cancelling", reason, time.time()))
+        self._move_run(RunState.CANCELLING, reason)
         for inst in list(self.plan.insts.values()):
             st = inst.state
-            if st in ("pending", "ready", "retry_wait"):
-                self._move(inst, "cancelled", reason)
+            if st in _NOT_STARTED:
+                self._move(inst, _CANCELLED, reason)
                 self.cancelled_tasks += 1
-            elif st == "running":
-                self._move(inst, "cancelling", reason)
+            elif st == _RUNNING:
+                self._move(inst, _CANCELLING, reason)
                 try:
                     self.executor.cancel(inst.job.id, reason="cancel")
                 except Exception:
@@ -521,30 +612,30 @@ class Runner:
 
     def _finish(self) -> str:
         if not self.cancelling:   # the completion invariant (Dagster's ActiveExecution)
-            stuck = [i.key for i in self.plan.insts.values()
-                     if i.state not in _FAILED_LIKE and i.state != "succeeded"]
+            stuck = [i.key for i in self.plan.insts.values() if i.state not in _TERMINAL]
             if stuck:
                 raise InvalidTransitionError(
-                    f"run {self.run_id} stopped with unfinished tasks: {stuck[:5]}")
+                    f"run {self.run_id} stopped with {len(stuck)} unfinished task(s), "
+                    f"e.g. {stuck[:5]}")
         if self.cancelling:
-            state = "cancelled"
-            reason = getattr(self, "cancel_reason", "cancelled")
+            state = RunState.CANCELLED
+            reason = self.cancel_reason or "cancelled"
             if reason.startswith("fail_fast"):
-                state = "failed"
+                state = RunState.FAILED
         elif self.failed_tasks or self.cancelled_tasks:
-            state = "failed"
+            state = RunState.FAILED
             reason = f"{self.failed_tasks} task(s) did not succeed"
         else:
-            state = "succeeded"
+            state = RunState.SUCCEEDED
             reason = ""
-        self.buf.append(("S", state, reason, time.time()))
+        self._move_run(state, reason)
         self._commit()
-        return state
+        return state.value
 
 
-def driver_header(token: int) -> tuple[Any, ...]:
-    """The ``H`` record a driver writes when it takes a lease."""
-    return ("H", token, os.getpid(), socket.gethostname(), time.time())
+def driver_header(token: int) -> DriverHeader:
+    """The record a driver writes when it takes a lease."""
+    return DriverHeader(token, os.getpid(), socket.gethostname(), time.time(), FORMAT_VERSION)
 
 
 def params_json(params: dict[str, Any]) -> str:

@@ -90,6 +90,9 @@ class SpecPipeline(Pipeline[..., Any]):
         self.tasks = tasks
         self.path = path
 
+    def target(self) -> str | None:
+        return self.path
+
     def build(self, *args: Any, **params: Any) -> Graph:
         graph = Graph(self.name, may_cycle=True)
         problems = graph.problems

@@ -1,7 +1,10 @@
-"""The task and run state machines: one table each, one function to check.
+"""The task and run state machines: the state names, one table each, one check.
 
-No I/O lives here. :func:`transition` is the only place that decides whether
-an edge is legal; the runner is the only place that applies one.
+No I/O lives here, and the state names exist only here: every other module
+uses these enums and sets. :func:`transition` and :func:`run_transition`
+decide whether an edge is legal; ``Runner._move`` and ``Runner._move_run``
+are the only code that applies one (creation, the resume reset and the
+restore of a prior run included).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ class TaskState(str, Enum):
 
 
 class RunState(str, Enum):
-    """Where a run is in its life."""
+    """Where a run is in its life. Values are persisted: never rename one."""
 
     RUNNING = "running"
     CANCELLING = "cancelling"
@@ -44,7 +47,7 @@ class RunState(str, Enum):
 
 
 class Outcome(str, Enum):
-    """How one attempt ended."""
+    """How one attempt ended. Values are persisted: never rename one."""
 
     OK = "ok"
     ERROR = "error"
@@ -57,8 +60,8 @@ class Outcome(str, Enum):
 
 
 _T = TaskState
-#: Legal task transitions. ``ready -> succeeded`` is a cache hit: a committed
-#: result with the same fingerprint is reused and no attempt runs.
+#: Legal task transitions within one drive. ``ready -> succeeded`` is a cache
+#: hit: a committed result with the same fingerprint is reused, no attempt runs.
 TASK_TRANSITIONS: Final[Mapping[TaskState, frozenset[TaskState]]] = {
     _T.PENDING: frozenset({_T.READY, _T.CANCELLED, _T.UPSTREAM_FAILED}),
     _T.READY: frozenset({_T.RUNNING, _T.SUCCEEDED, _T.CANCELLED}),
@@ -71,57 +74,119 @@ TASK_TRANSITIONS: Final[Mapping[TaskState, frozenset[TaskState]]] = {
     _T.UPSTREAM_FAILED: frozenset(),
 }
 
-#: Terminal states a resume may send back to ``pending`` (a fresh attempt budget).
-RESETTABLE: Final[frozenset[TaskState]] = frozenset(
-    {_T.FAILED, _T.CANCELLED, _T.UPSTREAM_FAILED})
+#: The only edges a resume adds: a task that did not succeed goes back to
+#: ``pending`` with a fresh attempt budget.
+TASK_RESUME_TRANSITIONS: Final[Mapping[TaskState, frozenset[TaskState]]] = {
+    _T.FAILED: frozenset({_T.PENDING}),
+    _T.CANCELLED: frozenset({_T.PENDING}),
+    _T.UPSTREAM_FAILED: frozenset({_T.PENDING}),
+}
 
+#: A task that will not change again in this drive.
 TERMINAL: Final[frozenset[TaskState]] = frozenset(
     s for s, targets in TASK_TRANSITIONS.items() if not targets)
+#: Terminal but not a success (a resume resets these).
+FAILED_LIKE: Final[frozenset[TaskState]] = frozenset(TASK_RESUME_TRANSITIONS)
+#: A task whose attempt may still be executing somewhere.
+IN_FLIGHT: Final[frozenset[TaskState]] = frozenset({_T.RUNNING, _T.CANCELLING})
+#: A task a cancel moves straight to ``cancelled`` (nothing of it runs).
+NOT_STARTED: Final[frozenset[TaskState]] = frozenset({_T.PENDING, _T.READY, _T.RETRY_WAIT})
 
 _R = RunState
+#: Legal run transitions within one drive.
 RUN_TRANSITIONS: Final[Mapping[RunState, frozenset[RunState]]] = {
     _R.RUNNING: frozenset({_R.SUCCEEDED, _R.FAILED, _R.CANCELLING, _R.CANCELLED}),
     _R.CANCELLING: frozenset({_R.CANCELLED, _R.FAILED, _R.SUCCEEDED}),
     _R.SUCCEEDED: frozenset(),
-    _R.FAILED: frozenset({_R.RUNNING}),      # resume
-    _R.CANCELLED: frozenset({_R.RUNNING}),   # resume
+    _R.FAILED: frozenset(),
+    _R.CANCELLED: frozenset(),
 }
+
+#: What a new driver may do when it takes a run over (``pipeline resume``): a
+#: run whose driver died is still ``running`` or ``cancelling`` in the ledger.
+RUN_RESUME_TRANSITIONS: Final[Mapping[RunState, frozenset[RunState]]] = {
+    _R.RUNNING: frozenset({_R.RUNNING}),
+    _R.CANCELLING: frozenset({_R.RUNNING}),
+    _R.FAILED: frozenset({_R.RUNNING}),
+    _R.CANCELLED: frozenset({_R.RUNNING}),
+}
+
+#: A run that has ended.
+RUN_TERMINAL: Final[frozenset[RunState]] = frozenset(
+    s for s, targets in RUN_TRANSITIONS.items() if not targets)
+#: A run that may still have a driver.
+RUN_ACTIVE: Final[frozenset[RunState]] = frozenset(RunState) - RUN_TERMINAL
 
 # Plain-string lookups for the hot path (values are the persisted strings).
 _TASK_EDGES: Final[dict[str, frozenset[str]]] = {
     s.value: frozenset(t.value for t in targets) for s, targets in TASK_TRANSITIONS.items()}
+_TASK_RESUME_EDGES: Final[dict[str, frozenset[str]]] = {
+    s.value: frozenset(t.value for t in targets)
+    for s, targets in TASK_RESUME_TRANSITIONS.items()}
 _RUN_EDGES: Final[dict[str, frozenset[str]]] = {
     s.value: frozenset(t.value for t in targets) for s, targets in RUN_TRANSITIONS.items()}
+_RUN_RESUME_EDGES: Final[dict[str, frozenset[str]]] = {
+    s.value: frozenset(t.value for t in targets)
+    for s, targets in RUN_RESUME_TRANSITIONS.items()}
+_TASK_VALUES: Final[frozenset[str]] = frozenset(s.value for s in TaskState)
+_RUN_VALUES: Final[frozenset[str]] = frozenset(s.value for s in RunState)
 
 
-def transition(task_key: str, current: str, target: str) -> str:
-    """Return ``target`` if ``current -> target`` is legal for a task, else raise.
+def transition(task_key: str, current: str | None, target: str, *,
+               resume: bool = False) -> TaskState:
+    """Return ``target`` if a task may go ``current -> target``, else raise.
+
+    ``current=None`` is the creation of a task (only to ``pending``);
+    ``resume=True`` also allows :data:`TASK_RESUME_TRANSITIONS`.
 
     Raises:
-        InvalidTransitionError: the edge is not in :data:`TASK_TRANSITIONS`.
+        InvalidTransitionError: the edge is not in the tables.
 
     Example:
         >>> transition("a", "pending", "ready")
-        'ready'
+        <TaskState.READY: 'ready'>
     """
-    if target in _TASK_EDGES[current]:
-        return target
-    raise InvalidTransitionError(
-        f"task {task_key!r} cannot go from {current!r} to {target!r}")
+    if current is None:
+        ok = target == _T.PENDING
+    else:
+        ok = target in _TASK_EDGES[current] or (
+            resume and target in _TASK_RESUME_EDGES.get(current, ()))
+    if not ok:
+        raise InvalidTransitionError(
+            f"task {task_key!r} cannot go from {current!r} to {target!r}")
+    return TaskState(target)
 
 
-def reset_for_resume(task_key: str, current: str) -> str:
-    """Return ``pending`` for a task a resume may retry, else raise."""
-    if current in RESETTABLE:
-        return _T.PENDING.value
-    raise InvalidTransitionError(f"task {task_key!r} in state {current!r} cannot be reset")
+def check_restored(task_key: str, state: str) -> TaskState:
+    """Return the state a prior drive left a task in, if it is a known one."""
+    if state not in _TASK_VALUES:
+        raise InvalidTransitionError(f"task {task_key!r} has unknown state {state!r}")
+    return TaskState(state)
 
 
-def run_transition(run_id: str, current: str, target: str) -> str:
-    """Return ``target`` if a run may go ``current -> target``, else raise."""
-    if target in _RUN_EDGES[current]:
-        return target
-    raise InvalidTransitionError(f"run {run_id!r} cannot go from {current!r} to {target!r}")
+def run_transition(run_id: str, current: str | None, target: str, *,
+                   resume: bool = False) -> RunState:
+    """Return ``target`` if a run may go ``current -> target``, else raise.
+
+    ``current=None`` is the creation of a run (only to ``running``);
+    ``resume=True`` is a takeover (:data:`RUN_RESUME_TRANSITIONS`).
+
+    Example:
+        >>> run_transition("r", "failed", "running", resume=True)
+        <RunState.RUNNING: 'running'>
+    """
+    if current is None:
+        ok = target == _R.RUNNING and not resume
+    elif current not in _RUN_VALUES:
+        ok = False
+    else:
+        edges = _RUN_RESUME_EDGES.get(current, frozenset()) if resume else _RUN_EDGES[current]
+        ok = target in edges
+    if not ok:
+        how = "on resume " if resume else ""
+        raise InvalidTransitionError(
+            f"run {run_id!r} cannot go {how}from {current!r} to {target!r}")
+    return RunState(target)
 
 
 def is_terminal(state: str) -> bool:

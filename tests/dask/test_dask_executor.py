@@ -19,7 +19,7 @@ import pytest
 import ledgerflow as lf
 from ledgerflow import NonRetryableError, context, pipeline, task
 from ledgerflow.config import Settings
-from ledgerflow.run import make_executor
+from ledgerflow.control import make_executor
 from ledgerflow_dask import DaskExecutor
 
 pytestmark = [
@@ -360,7 +360,8 @@ def test_cancel_before_start_never_runs(shared_client: Any) -> None:
     ex.start(workers=2, on_complete=record)
     try:
         for i in range(1, 5):
-            ex.submit(Job(i, "r", f"k{i}", 1, time.sleep, (1.0,), {}, "idem", None, "nap"))
+            ex.submit(Job(id=i, run_id="r", task_key=f"k{i}", attempt=1, fn=time.sleep,
+                          args=(1.0,), kwargs={}, idempotency_key="idem", task_name="nap"))
         for i in range(1, 5):
             ex.cancel(i, reason="cancel")
         wait_for(lambda: len(got) == 4, timeout=20, what="four reports")

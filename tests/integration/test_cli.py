@@ -190,7 +190,7 @@ def test_runs_listing_carries_counts_and_parameters(write_flow, ledger: str) -> 
     listed = ledgerflow.runs(store=ledger)[0]
     assert listed.run_id == run.run_id
     assert listed.counts() == {"succeeded": 4}
-    assert json.loads(listed.params)["n"] == 3 and (listed.target or "").endswith("flow.py")
+    assert json.loads(listed.params)["n"] == 3 and (listed.target or "").endswith("flow.py:squares")
     assert all(k for k in listed.tasks)     # no placeholder rows
 
 

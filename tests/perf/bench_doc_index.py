@@ -90,7 +90,7 @@ def _count_chunks(index: Path) -> int:
 
 def plain_loop(source: Path, index: Path, embedder: str) -> dict[str, Any]:
     """The same work as the pipeline, as a plain loop over the recipe's functions."""
-    from ledgerflow.run import load_module
+    from ledgerflow.control import load_module
     from ledgerflow_embed import get_embedder
 
     recipe = load_module(PIPELINE_FILE)
@@ -111,7 +111,7 @@ def bulk_loop(source: Path, index: Path, embedder: str) -> dict[str, Any]:
     """The plain loop, but writing through one connection held open for the whole loop."""
     import doc_index_store as store
 
-    from ledgerflow.run import load_module
+    from ledgerflow.control import load_module
     from ledgerflow_embed import get_embedder
 
     recipe = load_module(PIPELINE_FILE)

@@ -20,7 +20,7 @@ if str(RECIPE_DIR) not in sys.path:
 
 def load_recipe() -> Any:
     """The recipe's pipeline module, loaded by file path the way the kernel loads it."""
-    from ledgerflow.run import load_module
+    from ledgerflow.control import load_module
 
     return load_module(PIPELINE_FILE)
 

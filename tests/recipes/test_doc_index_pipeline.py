@@ -162,7 +162,7 @@ WRAPPER = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})
     import doc_index_testutil
-    from ledgerflow.run import load_module
+    from ledgerflow.control import load_module
 
     doc_index_testutil.register_slow_hashing()
     doc_index = load_module(doc_index_testutil.PIPELINE_FILE).doc_index

@@ -8,7 +8,7 @@ from typing import Any
 
 from ledgerflow import pipeline, task
 from ledgerflow.display import STATE_COLOURS, NotebookProgress, graph_html, layers, run_html
-from ledgerflow.store import RunView, TaskRow
+from ledgerflow.views import RunView, TaskRow
 
 
 @task

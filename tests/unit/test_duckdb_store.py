@@ -10,7 +10,7 @@ import pytest
 import ledgerflow
 import ledgerflow.runner
 from ledgerflow import context, pipeline, task
-from ledgerflow_stores import duckdb_store
+from ledgerflow_stores.duckdb import DuckDBStore, FoldPolicy
 from tests.waiting import wait_until
 
 
@@ -31,11 +31,10 @@ def fan(n: int):
     return total(maybe.map(list(range(n))))
 
 
-def _release_without_fold(self, lease) -> None:
-    """What a driver killed after its last commit leaves: the journal, unfolded."""
-    self._folders.pop(lease.run_id).stop()
-    self._beats.pop(lease.run_id).stop()
-    os.close(self._fds.pop(lease.run_id)[1])
+def _unfolded(path, **policy) -> DuckDBStore:
+    """A store whose drivers leave their journal unfolded, as a killed driver does."""
+    return DuckDBStore(str(path), policy=FoldPolicy(fold_at_release=False, interval=3600,
+                                                    **policy))
 
 
 def _rows(view):
@@ -45,11 +44,11 @@ def _rows(view):
 
 @pytest.mark.parametrize(("n", "batch"), [(30, None), (3000, None), (3000, 20_000)],
                          ids=["small", "large", "large-in-many-batches"])
-def test_fold_matches_the_memory_store(tmp_path, monkeypatch, n: int, batch: int | None) -> None:
-    if batch is not None:
-        monkeypatch.setattr(duckdb_store, "FOLD_BATCH_BYTES", batch)
+def test_fold_matches_the_memory_store(tmp_path, n: int, batch: int | None) -> None:
+    policy = FoldPolicy() if batch is None else FoldPolicy(batch_bytes=batch)
     mem = fan.run(n=n, store=f"memory:{tmp_path}", executor="inline")
-    disk = fan.run(n=n, store=str(tmp_path / "l.duckdb"), executor="inline")
+    disk = fan.run(n=n, store=DuckDBStore(str(tmp_path / "l.duckdb"), policy=policy),
+                   executor="inline")
     a, b = mem.status(), disk.status()
     assert a.state == b.state == "failed"
     assert _rows(a) == _rows(b)
@@ -70,9 +69,8 @@ def wide(n: int):
 
 def test_commits_are_bounded_and_fold_like_the_memory_store(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(ledgerflow.runner, "COMMIT_RECORDS", 60)
-    monkeypatch.setattr(duckdb_store, "FOLD_BATCH_BYTES", 4000)
-    monkeypatch.setattr(duckdb_store.DuckDBStore, "release", _release_without_fold)
-    disk = fan.run(n=500, store=str(tmp_path / "l.duckdb"), executor="inline")
+    disk = fan.run(n=500, store=_unfolded(tmp_path / "l.duckdb", batch_bytes=4000),
+                   executor="inline")
     (journal,) = (tmp_path / "l.duckdb.d" / "journals").glob("*.jsonl")
     lines = [json.loads(x) for x in journal.read_bytes().splitlines()]
     # the runner writes the 500 tasks' creation records in groups of whole tasks, and the
@@ -81,7 +79,7 @@ def test_commits_are_bounded_and_fold_like_the_memory_store(tmp_path, monkeypatc
     assert sum(r[0] == "T" for x in lines for r in x) == 501
     assert all(x[0][0] == "T" for x in lines[2:12])
     monkeypatch.undo()
-    duckdb_store.DuckDBStore(str(tmp_path / "l.duckdb")).fold()
+    DuckDBStore(str(tmp_path / "l.duckdb"), policy=FoldPolicy(batch_bytes=4000)).fold()
     mem = fan.run(n=500, store=f"memory:{tmp_path}", executor="inline")
     assert _rows(mem.status()) == _rows(disk.status())
 
@@ -89,8 +87,7 @@ def test_commits_are_bounded_and_fold_like_the_memory_store(tmp_path, monkeypatc
 def test_a_crash_while_tasks_are_created_leaves_a_prefix_that_resumes(tmp_path, monkeypatch) -> None:
     store = str(tmp_path / "l.duckdb")
     monkeypatch.setattr(ledgerflow.runner, "COMMIT_RECORDS", 30)
-    monkeypatch.setattr(duckdb_store.DuckDBStore, "release", _release_without_fold)
-    first = wide.run(n=200, store=store, executor="inline")
+    first = wide.run(n=200, store=_unfolded(store), executor="inline")
     monkeypatch.undo()
     (journal,) = (tmp_path / "l.duckdb.d" / "journals").glob("*.jsonl")
     lines = journal.read_bytes().splitlines(keepends=True)
@@ -98,7 +95,6 @@ def test_a_crash_while_tasks_are_created_leaves_a_prefix_that_resumes(tmp_path, 
     # torn line: what a kill -9 while the tasks were being created leaves
     assert all(line.startswith(b'[["T",') for line in lines[1:5])
     journal.write_bytes(b"".join(lines[:4]) + lines[4][:17])
-    (tmp_path / "l.duckdb.d" / "runs" / first.run_id / "lease").unlink()
     before = ledgerflow.get_run(first.run_id, store=store).status()
     assert 0 < len(before.tasks) < 201
     assert {t.state for t in before.tasks.values()} <= {"pending", "ready"}
@@ -110,22 +106,21 @@ def test_a_crash_while_tasks_are_created_leaves_a_prefix_that_resumes(tmp_path, 
     assert {t.attempts for t in view.tasks.values()} == {1}
 
 
-def test_the_journal_is_folded_in_the_background_while_a_task_runs(tmp_path, monkeypatch) -> None:
+def test_the_journal_is_folded_in_the_background_while_a_task_runs(tmp_path) -> None:
     """The driver is busy inside a long task; the ledger file still catches up."""
     ledger = str(tmp_path / "l.duckdb")
-    monkeypatch.setattr(duckdb_store, "FOLD_WAKE_BYTES", 1)
 
     @task
     def long() -> str:
         me = context().run_id
 
         def running_in_file() -> bool:
-            store = duckdb_store.DuckDBStore(ledger)
-            with store._db(False) as con:      # the folded tables only, no journal tail
-                # inline: "running" is committed with the result; "ready" before
+            store = DuckDBStore(ledger)
+            with store.ledger.connect(False) as con:   # the folded tables, no journal tail
+                # "running" is committed before the task starts
                 return con is not None and con.execute(
                     "SELECT state FROM tasks WHERE run_id = ?", [me]).fetchall() == [
-                    ("ready",)]
+                    ("running",)]
 
         wait_until(running_in_file, timeout=20, what="the background fold")
         return "seen"
@@ -134,15 +129,16 @@ def test_the_journal_is_folded_in_the_background_while_a_task_runs(tmp_path, mon
     def p():
         return long()
 
-    run = p.run(store=ledger, executor="inline")
+    run = p.run(store=DuckDBStore(ledger, policy=FoldPolicy(wake_bytes=1)), executor="inline")
     assert run.result() == "seen"
 
 
 def test_a_fold_that_needs_more_memory_than_the_limit_retries_without_it(
-        tmp_path, monkeypatch, caplog) -> None:
-    monkeypatch.setattr(duckdb_store, "FOLD_MEMORY", "1MB")
+        tmp_path, caplog) -> None:
     caplog.set_level("INFO", logger="ledgerflow")
-    disk = fan.run(n=3000, store=str(tmp_path / "l.duckdb"), executor="inline")
+    disk = fan.run(n=3000, store=DuckDBStore(str(tmp_path / "l.duckdb"),
+                                             policy=FoldPolicy(memory_limit="1MB")),
+                   executor="inline")
     mem = fan.run(n=3000, store=f"memory:{tmp_path}", executor="inline")
     assert any("retrying without the limit" in r.getMessage() for r in caplog.records)
     assert _rows(mem.status()) == _rows(disk.status())
@@ -152,17 +148,15 @@ def test_a_bounded_fold_stops_between_batches_and_the_next_one_continues(
         tmp_path, monkeypatch) -> None:
     path = str(tmp_path / "l.duckdb")
     monkeypatch.setattr(ledgerflow.runner, "COMMIT_RECORDS", 50)
-    monkeypatch.setattr(duckdb_store.DuckDBStore, "release", _release_without_fold)
-    run = fan.run(n=400, store=path, executor="inline")
+    run = fan.run(n=400, store=_unfolded(path), executor="inline")
     monkeypatch.undo()
-    monkeypatch.setattr(duckdb_store, "FOLD_BATCH_BYTES", 20_000)
-    store = duckdb_store.DuckDBStore(path)
+    store = DuckDBStore(path, policy=FoldPolicy(batch_bytes=20_000))
     (journal,) = (tmp_path / "l.duckdb.d" / "journals").glob("*.jsonl")
     size = journal.stat().st_size
     offsets = []
     while True:
-        with store._db(True) as con:
-            more = store._fold_run(con, run.run_id, max_bytes=50_000)
+        more = store.fold_run(run.run_id, max_bytes=50_000)
+        with store.ledger.connect(False) as con:
             offsets.append(con.execute('SELECT "offset" FROM journal_folds').fetchall()[0][0])
         if not more:
             break
@@ -174,11 +168,11 @@ def test_a_bounded_fold_stops_between_batches_and_the_next_one_continues(
 def test_a_fork_waits_for_a_fold_in_progress(tmp_path) -> None:
     """No worker process is copied from a process that is inside DuckDB."""
     import threading
-    store = duckdb_store.DuckDBStore(str(tmp_path / "l.duckdb"))
+    store = DuckDBStore(str(tmp_path / "l.duckdb"))
     holding, done = threading.Event(), []
 
     def fold_in_progress() -> None:
-        with store._plock:            # what a background fold holds while it works
+        with store.ledger.lock:       # what a background fold holds while it works
             holding.set()
             threading.Event().wait(0.2)
             done.append("fold ended")

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from ledgerflow import CycleError, DefinitionError, pipeline, task
-from ledgerflow.errors import ParameterBindError
+from ledgerflow.errors import DuplicateTaskError, MissingInputError, ParameterBindError
 from ledgerflow.spec import load_spec
 
 
@@ -72,8 +72,9 @@ def test_duplicate_task_names_are_rejected() -> None:
         f()
         g()
 
-    with pytest.raises(DefinitionError, match="used by two different functions"):
+    with pytest.raises(DuplicateTaskError, match="used by two different functions") as err:
         p.build()
+    assert isinstance(err.value, DefinitionError) and "@task(name=" in err.value.hint
 
 
 def test_bad_parameters_are_refused() -> None:
@@ -81,8 +82,9 @@ def test_bad_parameters_are_refused() -> None:
     def p(n: int):
         return one()
 
-    with pytest.raises(ParameterBindError, match="missing a required argument"):
+    with pytest.raises(MissingInputError, match="needs parameter 'n'") as err:
         p.build()
+    assert isinstance(err.value, ParameterBindError) and "-p n=" in err.value.hint
     with pytest.raises(ParameterBindError):
         p.build(n=1, m=2)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -16,8 +15,9 @@ import pytest
 import ledgerflow
 from ledgerflow import pipeline, task
 from ledgerflow.errors import LeaseLostError
-from ledgerflow_stores.duckdb_store import DuckDBStore, _Heartbeat
-from tests.waiting import wait_until
+from ledgerflow.records import RunDefined, RunStateChanged, encode_line
+from ledgerflow_stores.duckdb import DuckDBStore
+from ledgerflow_stores.duckdb.lease import Heartbeat
 
 
 def _executed(run: ledgerflow.Run) -> set[str]:
@@ -127,33 +127,33 @@ def test_a_superseded_driver_cannot_write(tmp_path: Path) -> None:
     path = str(tmp_path / "ledger.duckdb")
     old = DuckDBStore(path)
     now = time.time()
-    lease = old.create_run("r1", [("D", "r1", "p", None, "{}", now, "{}"),
-                                  ("S", "running", "", now)])
+    lease = old.create_run("r1", [RunDefined("r1", "p", None, "{}", now, "{}"),
+                                  RunStateChanged("running", "", now)])
     # the old driver "dies": its lease now names a process that does not exist
     lease_file = Path(path + ".d") / "runs" / "r1" / "lease"
     doc = json.loads(lease_file.read_text())
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()
-    old._beats["r1"].stop()
+    old._beats["r1"].stop()     # the old driver froze: its heartbeat stops
     lease_file.write_text(json.dumps({**doc, "pid": int(dead), "start": None}))
     new = DuckDBStore(path)
     taken = new.take_over("r1")
     assert taken.token == 2
     # what the old driver still writes to its segment is never applied
-    os.write(old._fds["r1"][1], (json.dumps([["S", "failed", "stale write", now]]) + "\n")
-             .encode())
-    new.append(taken, [("S", "succeeded", "", now + 1)])
+    with open(old.journals.path("r1", 1), "ab") as seg:
+        seg.write(encode_line([RunStateChanged("failed", "stale write", now)]))
+    new.append(taken, [RunStateChanged("succeeded", "", now + 1)])
     new.release(taken)
     view = new.get_run("r1")
     assert view.state == "succeeded"
     kinds = [n["kind"] for n in new.notices("r1")]
     assert kinds == ["stale_driver_rejected"]
     # and its heartbeat notices the takeover, after which its appends are refused
-    beat = _Heartbeat(old, "r1", 1)
-    wait_until(lambda: beat.fenced, timeout=5, what="the heartbeat to notice")
-    old._beats["r1"] = beat
+    old._beats["r1"] = beat = Heartbeat(old.leases, "r1", 1)
+    beat.beat()
+    assert beat.fenced
     with pytest.raises(LeaseLostError):
-        old.append(lease, [("S", "failed", "stale", now)])
+        old.append(lease, [RunStateChanged("failed", "stale", now)])
 
 
 def test_spec_file_in_toml(tmp_path: Path, ledger: str) -> None:

@@ -257,7 +257,7 @@ def test_cancel_starts_nothing_new_and_waits_for_confirmation(tmp_path: Path, le
 def _events_of(run: ledgerflow.Run, key: str) -> list[tuple[str, str]]:
     import duckdb
     store = run.store
-    with store._db(False) as con:   # the ledger's own event log
+    with store.ledger.connect(False) as con:   # the ledger's own event log
         rows = con.execute("SELECT from_state, to_state FROM events WHERE run_id = ? AND "
                            "task_key = ? ORDER BY seq", [run.run_id, key]).fetchall()
     assert isinstance(con, duckdb.DuckDBPyConnection)
@@ -325,7 +325,7 @@ def test_durable_before_unlock_under_bounded_group_commits(ledger: str, monkeypa
     to hide a race): still no task runs before its upstream's success is readable
     from the ledger."""
     import ledgerflow.runner
-    from ledgerflow_stores.duckdb_store import DuckDBStore
+    from ledgerflow_stores.duckdb import DuckDBStore
     monkeypatch.setattr(ledgerflow.runner, "COMMIT_RECORDS", 7)
     appends: list[int] = []
     original = DuckDBStore.append

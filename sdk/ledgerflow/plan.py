@@ -1,7 +1,7 @@
-"""Run-time task instances and ready counts (no threads, no I/O).
+"""The run-time task graph: task instances, fan-outs and ready counts (no I/O).
 
 A :class:`Plan` turns the static graph into task instances. Call nodes
-become one :class:`Inst` each; ``.map`` nodes become a :class:`Group` whose
+become one :class:`Instance` each; ``.map`` nodes become a :class:`FanOut` whose
 children are created when the items are known (the source task succeeded,
 or the source fan-out expanded: chained maps are element-wise). Each
 instance counts the upstream things it still waits for, as
@@ -16,12 +16,17 @@ from typing import Any
 
 from .graph import Graph, Node
 from .keys import canonical, item_key
+from .states import FAILED_LIKE, TaskState
 from .task import MapRef, TaskRef
 
-_UNSET: Any = object()
+#: "No value in memory" (a result may still be in the ledger).
+UNSET: Any = object()
+_SUCCEEDED = TaskState.SUCCEEDED.value
+_PENDING = TaskState.PENDING.value
+_FAILED_LIKE = frozenset(s.value for s in FAILED_LIKE)
 
 
-class Inst:
+class Instance:
     """One task of a run: a call node, or one child of a fan-out."""
 
     __slots__ = (
@@ -46,13 +51,13 @@ class Inst:
         "waiting",
     )
 
-    def __init__(self, key: str, node: Node, group: Group | None = None,
-                 item: Any = _UNSET) -> None:
+    def __init__(self, key: str, node: Node, group: FanOut | None = None,
+                 item: Any = UNSET) -> None:
         self.key = key
         self.node = node
         self.group = group
         self.item = item
-        self.has_item = item is not _UNSET
+        self.has_item = item is not UNSET
         self.pos: int | None = None
         self.state = ""
         self.attempt = 0
@@ -60,10 +65,10 @@ class Inst:
         self.waiting = 0
         # empty tuples until something is added: most tasks feed no fan-out, and a
         # list per task per field costs memory at 100,000 tasks
-        self.dependents: list[Inst] | tuple[()] = ()
-        self.feeds: list[Group] | tuple[()] = ()
-        self.up: tuple[Inst | Group, ...] = ()
-        self.value: Any = _UNSET
+        self.dependents: list[Instance] | tuple[()] = ()
+        self.feeds: list[FanOut] | tuple[()] = ()
+        self.up: tuple[Instance | FanOut, ...] = ()
+        self.value: Any = UNSET
         self.hash: str | None = None
         self.enc: Any = None
         self.ref: tuple[str, str | None, str | None] | None = None
@@ -71,25 +76,25 @@ class Inst:
         self.job: Any = None
 
     def __repr__(self) -> str:
-        return f"<Inst {self.key} {self.state}>"
+        return f"<Instance {self.key} {self.state}>"
 
 
-class Group:
+class FanOut:
     """A ``.map`` node at run time."""
 
     __slots__ = ("children", "dependents", "expanded", "failed", "feeds", "key", "left",
                  "node", "source")
 
-    def __init__(self, node: Node, source: Inst | Group | None) -> None:
+    def __init__(self, node: Node, source: Instance | FanOut | None) -> None:
         self.key = node.key
         self.node = node
         self.source = source
         self.expanded = False
         self.failed = False
-        self.children: list[Inst] = []
+        self.children: list[Instance] = []
         self.left = 0
-        self.dependents: list[Inst] | tuple[()] = ()
-        self.feeds: list[Group] | tuple[()] = ()
+        self.dependents: list[Instance] | tuple[()] = ()
+        self.feeds: list[FanOut] | tuple[()] = ()
 
     @property
     def done(self) -> bool:
@@ -100,7 +105,7 @@ class Group:
         return ",".join(c.hash or "" for c in self.children)
 
 
-Resolver = Callable[[Inst], Any]
+Resolver = Callable[[Instance], Any]
 
 
 class Plan:
@@ -108,58 +113,58 @@ class Plan:
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
-        self.insts: dict[str, Inst] = {}
-        self.groups: dict[str, Group] = {}
+        self.insts: dict[str, Instance] = {}
+        self.groups: dict[str, FanOut] = {}
         self._lits: dict[str, bytes] = {}
 
     # -- building -----------------------------------------------------------------
-    def instantiate(self) -> list[Inst]:
+    def instantiate(self) -> list[Instance]:
         """Create the call instances and groups; return new instances in order.
 
         Fan-outs over literal lists expand at once.
         """
-        created: list[Inst] = []
+        created: list[Instance] = []
         for node in self.graph.nodes.values():
             if node.is_map:
                 src = node.source
-                source: Inst | Group | None = None
+                source: Instance | FanOut | None = None
                 if isinstance(src, TaskRef):
-                    source = self._thing(src.key)
+                    source = self._node_at_run_time(src.key)
                 elif isinstance(src, MapRef):
                     source = self.groups[src.key]
-                g = Group(node, source)
+                g = FanOut(node, source)
                 self.groups[node.key] = g
-                if isinstance(source, Inst):
+                if isinstance(source, Instance):
                     source.feeds = [*source.feeds, g]
-                elif isinstance(source, Group):
+                elif isinstance(source, FanOut):
                     source.feeds = [*source.feeds, g]
                     if source.expanded:   # over a literal list: already expanded above
                         created.extend(self._expand_elementwise(g, source))
                 if source is None:
                     created.extend(self.expand(g, list(src)))
             else:
-                inst = Inst(node.key, node)
+                inst = Instance(node.key, node)
                 self.insts[node.key] = inst
-                inst.up = tuple([self._thing(k) for k in node.deps])
+                inst.up = tuple([self._node_at_run_time(k) for k in node.deps])
                 created.append(inst)
         return created
 
-    def _thing(self, key: str) -> Inst | Group:
+    def _node_at_run_time(self, key: str) -> Instance | FanOut:
         inst = self.insts.get(key)
         return inst if inst is not None else self.groups[key]
 
-    def link(self, inst: Inst) -> str | None:
+    def link(self, inst: Instance) -> str | None:
         """Count what ``inst`` waits for; return a failed upstream key, if any."""
         node = inst.node
-        waits: list[Inst | Group] = list(inst.up)
-        waits.extend(self._thing(k) for k in node.after)
+        waits: list[Instance | FanOut] = list(inst.up)
+        waits.extend(self._node_at_run_time(k) for k in node.after)
         failed = None
         for w in waits:
-            if isinstance(w, Inst):
+            if isinstance(w, Instance):
                 st = w.state
-                if st == "succeeded":
+                if st == _SUCCEEDED:
                     continue
-                if st in ("failed", "cancelled", "upstream_failed"):
+                if st in _FAILED_LIKE:
                     failed = w.key
                     continue
             elif w.done:
@@ -175,12 +180,12 @@ class Plan:
                 w.dependents = [inst]
         return failed
 
-    def expand(self, g: Group, items: list[Any]) -> list[Inst]:
+    def expand(self, g: FanOut, items: list[Any]) -> list[Instance]:
         """Create ``g``'s children (and element-wise downstream groups')."""
         node = g.node
         g.expanded = True
-        created: list[Inst] = []
-        bdeps = tuple([self._thing(k) for k in node.deps])
+        created: list[Instance] = []
+        bdeps = tuple([self._node_at_run_time(k) for k in node.deps])
         seen: dict[str, int] = {}
         for item in items:
             ik = item_key(item, node.item_key)
@@ -188,43 +193,43 @@ class Plan:
             seen[ik] = n + 1
             if n:
                 ik = f"{ik}~{n + 1}"
-            child = Inst(f"{node.key}[{ik}]", node, g, item)
+            child = Instance(f"{node.key}[{ik}]", node, g, item)
             child.up = bdeps
             created.append(child)
         created.extend(self._finish_expand(g, created))
         return created
 
-    def _finish_expand(self, g: Group, children: list[Inst]) -> list[Inst]:
+    def _finish_expand(self, g: FanOut, children: list[Instance]) -> list[Instance]:
         g.children = children
         g.left = len(children)
         for i, c in enumerate(children):
             c.pos = i
             self.insts[c.key] = c
-        more: list[Inst] = []
+        more: list[Instance] = []
         for fg in g.feeds:
             more.extend(self._expand_elementwise(fg, g))
         return more
 
-    def _expand_elementwise(self, g: Group, src: Group) -> list[Inst]:
+    def _expand_elementwise(self, g: FanOut, src: FanOut) -> list[Instance]:
         node = g.node
         g.expanded = True
-        bdeps = tuple([self._thing(k) for k in node.deps])
+        bdeps = tuple([self._node_at_run_time(k) for k in node.deps])
         children = []
         prefix = len(src.key)
         for sc in src.children:
-            child = Inst(node.key + sc.key[prefix:], node, g, _UNSET)
+            child = Instance(node.key + sc.key[prefix:], node, g, UNSET)
             child.up = (sc, *bdeps)
             children.append(child)
         return children + self._finish_expand(g, children)
 
     # -- progress -----------------------------------------------------------------
-    def succeeded(self, inst: Inst, resolve: Resolver) -> tuple[list[Inst], list[Inst]]:
+    def succeeded(self, inst: Instance, resolve: Resolver) -> tuple[list[Instance], list[Instance]]:
         """Record a committed success; return (now ready, newly created)."""
-        ready: list[Inst] = []
-        created: list[Inst] = []
+        ready: list[Instance] = []
+        created: list[Instance] = []
         for d in inst.dependents:
             d.waiting -= 1
-            if d.waiting == 0 and d.state == "pending":
+            if d.waiting == 0 and d.state == _PENDING:
                 ready.append(d)
         inst.dependents = ()
         for fed in inst.feeds:
@@ -240,16 +245,16 @@ class Plan:
                 ready.extend(self._group_done(g))
         return ready, created
 
-    def _group_done(self, g: Group) -> list[Inst]:
+    def _group_done(self, g: FanOut) -> list[Instance]:
         ready = []
         for d in g.dependents:
             d.waiting -= 1
-            if d.waiting == 0 and d.state == "pending":
+            if d.waiting == 0 and d.state == _PENDING:
                 ready.append(d)
         g.dependents = ()
         return ready
 
-    def empty_groups_done(self, created: list[Inst]) -> list[Inst]:
+    def empty_groups_done(self, created: list[Instance]) -> list[Instance]:
         """Complete groups that expanded to zero children; return ready instances."""
         ready = []
         for g in self.groups.values():
@@ -257,29 +262,29 @@ class Plan:
                 ready.extend(self._group_done(g))
         return ready
 
-    def failed(self, inst: Inst) -> list[Inst]:
+    def failed(self, inst: Instance) -> list[Instance]:
         """Return pending instances that can no longer run because ``inst`` did not succeed."""
-        doomed: list[Inst] = []
-        stack: list[Inst | Group] = [inst]
+        doomed: list[Instance] = []
+        stack: list[Instance | FanOut] = [inst]
         while stack:
             thing = stack.pop()
             deps = thing.dependents
             thing.dependents = ()
             for d in deps:
-                if d.state == "pending" and d not in doomed:
+                if d.state == _PENDING and d not in doomed:
                     doomed.append(d)
                     stack.append(d)
             for g in thing.feeds:
                 if not g.expanded and not g.failed:
                     g.failed = True
                     stack.append(g)
-            if isinstance(thing, Inst) and thing.group is not None and not thing.group.failed:
+            if isinstance(thing, Instance) and thing.group is not None and not thing.group.failed:
                 thing.group.failed = True
                 stack.append(thing.group)
         return doomed
 
     # -- arguments and fingerprints -----------------------------------------------------
-    def literal_bytes(self, inst: Inst) -> bytes:
+    def literal_bytes(self, inst: Instance) -> bytes:
         """Deterministic bytes of the literal arguments (refs replaced by keys)."""
         node = inst.node
         lit = self._lits.get(node.key)
@@ -301,7 +306,7 @@ class Plan:
             return lit + b"\x01" + canonical(inst.item)
         return lit
 
-    def arguments(self, inst: Inst, resolve: Resolver) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def arguments(self, inst: Instance, resolve: Resolver) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The positional and keyword arguments of ``inst`` with results filled in."""
         node = inst.node
         if node.is_map:
@@ -315,7 +320,7 @@ class Plan:
                       for a in node.args])
         return args, _fill(node.kwargs, self, resolve) if node.kwargs else node.kwargs
 
-    def group_value(self, g: Group, resolve: Resolver) -> list[Any]:
+    def group_value(self, g: FanOut, resolve: Resolver) -> list[Any]:
         return [resolve(c) for c in g.children]
 
 

@@ -1,0 +1,30 @@
+"""The ``duckdb`` store plugin: the default ledger (a DuckDB file plus journals).
+
+Modules, one concept each: :mod:`.store` (the store façade), :mod:`.schema`
+(tables and migrations), :mod:`.connection` (opening the file, lock waits),
+:mod:`.journal` (segments and their lines), :mod:`.fold` (journals into
+tables), :mod:`.lease` (leases, heartbeat, liveness, cancel requests),
+:mod:`.blobs` (result files), :mod:`.queries` (reads of the tables).
+"""
+
+from __future__ import annotations
+
+from ledgerflow import hookimpl
+from ledgerflow.config import Settings
+
+from .fold import FoldPolicy
+from .store import DuckDBStore
+
+__all__ = ["DuckDBStore", "FoldPolicy"]
+
+
+@hookimpl
+def ledgerflow_store_names() -> list[str]:
+    return ["duckdb"]
+
+
+@hookimpl
+def ledgerflow_make_store(name: str, settings: Settings) -> DuckDBStore | None:
+    if name != "duckdb":
+        return None
+    return DuckDBStore(settings.store)

@@ -1,0 +1,158 @@
+"""Opening the ledger file: the lock wait, the in-process lock, and error mapping.
+
+DuckDB lets one process hold a file read-write, and then no other process
+can open it at all, not even read-only. :class:`Ledger` opens the file only
+for the moment it is needed, waits out another process's lock with
+:func:`wait_for_lock` (the one retry helper), and serialises this process's
+own connections to one file with a per-file lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import duckdb
+
+from ledgerflow.errors import NotALedgerError, StoreError, StoreLockedError
+
+from . import schema
+
+T = TypeVar("T")
+
+_PROCESS_LOCKS: dict[str, threading.RLock] = {}
+_PL_GUARD = threading.Lock()
+
+
+def process_lock(path: str) -> threading.RLock:
+    """The lock this process holds while it has ``path`` open."""
+    with _PL_GUARD:
+        return _PROCESS_LOCKS.setdefault(path, threading.RLock())
+
+
+_HELD_FOR_FORK: list[threading.RLock] = []
+
+
+def _before_fork() -> None:
+    # A fork must not copy the process while another thread is inside DuckDB: take
+    # every ledger's lock first. (Executors start workers with a forkserver; this
+    # guards forks made by user code.)
+    with _PL_GUARD:
+        locks = [_PROCESS_LOCKS[path] for path in sorted(_PROCESS_LOCKS)]
+    for lock in locks:
+        lock.acquire()
+        _HELD_FOR_FORK.append(lock)
+    _PL_GUARD.acquire()
+
+
+def _after_fork() -> None:
+    while _HELD_FOR_FORK:
+        _HELD_FOR_FORK.pop().release()
+    _PL_GUARD.release()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork,
+                    after_in_child=_after_fork)
+
+
+def is_lock_error(exc: BaseException) -> bool:
+    """True if ``exc`` says another process holds the file's lock."""
+    return isinstance(exc, duckdb.IOException) and "lock" in str(exc).lower()
+
+
+def wait_for_lock(attempt: Callable[[], T], *, timeout: float,
+                  locked: Callable[[BaseException], bool] = is_lock_error,
+                  what: str = "the ledger") -> T:
+    """Call ``attempt`` until it does not fail with a lock error, for up to ``timeout`` s.
+
+    Backs off from 5 ms to 100 ms. Raises StoreLockedError when time is up.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while True:
+        try:
+            return attempt()
+        except Exception as exc:
+            if not locked(exc):
+                raise
+            if time.monotonic() >= deadline:
+                raise StoreLockedError(f"{what} is locked by another process") from None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+
+class Ledger:
+    """The DuckDB file of a store: short-lived connections with the schema checked."""
+
+    def __init__(self, location: str, lock_timeout: float) -> None:
+        self.location = location
+        self.lock_timeout = lock_timeout
+        self.lock = process_lock(location)
+        self.version: int | None = None     # known once checked
+
+    def exists(self) -> bool:
+        return os.path.exists(self.location)
+
+    @contextlib.contextmanager
+    def connect(self, write: bool, timeout: float | None = None) -> Iterator[Any]:
+        """A connection for one read or one fold; None when reading a missing file."""
+        with self.lock:
+            if not write and not self.exists():
+                yield None
+                return
+            con = wait_for_lock(lambda: self._open(write),
+                                timeout=self.lock_timeout if timeout is None else timeout,
+                                what=f"ledger {self.location}")
+            try:
+                yield con
+            finally:
+                con.close()
+
+    def _open(self, write: bool) -> Any:
+        try:
+            if write:
+                Path(self.location).parent.mkdir(parents=True, exist_ok=True)
+                if self.version is None and self.exists():
+                    # a damaged or foreign file must be refused before a write opens it
+                    ro = duckdb.connect(self.location, read_only=True)
+                    try:
+                        schema.check(ro, self.location)
+                    finally:
+                        ro.close()
+            con = duckdb.connect(self.location, read_only=not write)
+        except duckdb.IOException as exc:
+            if is_lock_error(exc):
+                raise
+            msg = str(exc)
+            if "not a valid DuckDB" in msg:
+                raise NotALedgerError(f"{self.location} is not a ledgerflow ledger "
+                                      "(not a DuckDB file)") from None
+            raise StoreError(f"cannot open ledger {self.location}: {msg}",
+                             hint="check the path and its permissions") from None
+        try:
+            self.version = schema.migrate(con, self.location) if write \
+                else schema.check(con, self.location)
+        except BaseException:
+            con.close()
+            raise
+        return con
+
+    def transaction(self, con: Any) -> contextlib.AbstractContextManager[None]:
+        """``BEGIN``/``COMMIT`` around a block, ``ROLLBACK`` if it raises."""
+        return _transaction(con)
+
+
+@contextlib.contextmanager
+def _transaction(con: Any) -> Iterator[None]:
+    con.execute("BEGIN")
+    try:
+        yield
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise

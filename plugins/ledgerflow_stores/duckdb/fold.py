@@ -1,0 +1,365 @@
+"""The fold: journal lines into the ledger's tables, set-based, in bounded batches.
+
+Each batch of lines is written out as one JSON array that DuckDB's JSON
+reader streams into ``lf_raw`` (one row per record, its fields as text);
+per record kind a staging query derived from the record's declaration
+(:mod:`ledgerflow.records`: field names are column names) casts them, one
+``INSERT ... SELECT`` appends each kind to its table, and one ``UPDATE``
+brings ``tasks`` to the current state: the SQL twin of
+:func:`ledgerflow.projection.apply`, which the store contract suite keeps
+equal. A batch and its journal offset commit in one transaction, so a crash
+mid-fold resumes from the last batch. :class:`BackgroundFold` folds while a
+run goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from ledgerflow.errors import StoreLockedError
+from ledgerflow.records import (
+    KINDS,
+    ArtifactRecorded,
+    AttemptEnded,
+    Notice,
+    Record,
+    ResultRecorded,
+    TaskCreated,
+    Transition,
+    columns,
+    field_types,
+)
+from ledgerflow.states import RUN_TERMINAL, TERMINAL
+
+from .journal import Journals, iter_lines
+
+log = logging.getLogger("ledgerflow")
+
+_TERMINAL_SQL = "(" + ",".join(f"'{s.value}'" for s in sorted(TERMINAL)) + ")"
+RUN_TERMINAL_VALUES = frozenset(s.value for s in RUN_TERMINAL)
+
+
+@dataclass(frozen=True, slots=True)
+class FoldPolicy:
+    """How much a fold does at once and how it shares the file."""
+
+    #: Journal bytes per batch (one transaction).
+    batch_bytes: int = 4 << 20
+    #: Journal bytes folded on one connection before it is closed and the file left free.
+    bite_bytes: int = 8 << 20
+    #: Journal bytes written that wake the background fold.
+    wake_bytes: int = 1 << 20
+    #: Seconds between background folds when less than ``wake_bytes`` was written.
+    interval: float = 5.0
+    #: DuckDB's memory limit during a fold (a batch that needs more is retried without).
+    memory_limit: str = "128MB"
+    #: After each bite the file is left free for this fraction of the bite's time.
+    share: float = 1 / 3
+    #: Fold the rest when a driver releases its run (False: leave it to the next
+    #: writer or ``pipeline fold``, as after a crash; for drivers that must exit fast).
+    fold_at_release: bool = True
+
+
+def _sql_cast(ann: Any, index: int) -> str:
+    """The SQL that reads field ``index`` (1-based in ``r``) with annotation ``ann``."""
+    args = [a for a in typing.get_args(ann) if a is not type(None)]
+    if isinstance(ann, types.UnionType) or typing.get_origin(ann) is typing.Union:
+        ann = args[0]
+    origin = typing.get_origin(ann) or ann
+    if origin is int:
+        return f"r[{index}]::BIGINT"
+    if origin is float:
+        return f"r[{index}]::DOUBLE"
+    if origin is list:
+        return f"""json_transform(r[{index}], '["VARCHAR"]')"""
+    return f"r[{index}]"      # str, and dicts kept as their JSON text
+
+
+def stage_sql(kind: type[Record]) -> str:
+    """The typed rows of one record kind in ``lf_raw`` (``i``: position in the batch)."""
+    types_ = field_types(kind)
+    cols = ", ".join(f'{_sql_cast(types_[name], n + 2)} AS "{name}"'
+                     for n, name in enumerate(columns(kind)))
+    tag = kind.__struct_config__.tag
+    return f"SELECT i, {cols} FROM (SELECT rowid AS i, r FROM lf_raw) WHERE r[1] = '{tag}'"
+
+
+def _append_sql(kind: type[Record], source: str) -> str:
+    cols = ", ".join(f'"{c}"' for c in columns(kind))
+    token = ", token" if kind.TOKENED else ""
+    params = ", ?" if kind.TOKENED else ""
+    return (f"INSERT INTO {kind.TABLE} (run_id, {cols}{token}) "
+            f"SELECT ?, {cols}{params} FROM {source}")
+
+
+#: Kinds staged into temporary tables (the task update reads them too).
+_STAGED: dict[str, type[Record]] = {"E": Transition, "A": AttemptEnded, "R": ResultRecorded}
+#: Per staged kind: the per-task summary of a batch, and the ``tasks`` columns it sets.
+_SUMMARIES: dict[str, tuple[str, str]] = {
+    "E": ("""SELECT task_key, arg_max(to_state, seq) AS state, max(attempt) AS attempts,
+                    min(ts) FILTER (WHERE to_state = 'running') AS started_at,
+                    arg_max(ts, seq) AS last_at,
+                    arg_max(attempt, seq) FILTER (WHERE to_state = 'pending'
+                                                  AND from_state IS NOT NULL) AS budget_base
+              FROM lf_e GROUP BY task_key""",
+          f"""state = coalesce(e.state, tasks.state),
+              started_at = coalesce(tasks.started_at, e.started_at),
+              ended_at = CASE WHEN e.state IN {_TERMINAL_SQL} THEN e.last_at
+                              WHEN e.budget_base IS NOT NULL THEN NULL
+                              ELSE tasks.ended_at END,
+              budget_base = coalesce(e.budget_base, tasks.budget_base)"""),
+    # the error text: ledgerflow.views.error_text in SQL
+    "A": ("""SELECT task_key, max(attempt) AS attempts,
+                    arg_max_null(CASE WHEN outcome = 'ok' THEN NULL
+                         WHEN outcome IN ('timeout', 'lost', 'cancelled') THEN
+                             CASE WHEN coalesce(error_message, '') = '' THEN outcome
+                                  ELSE outcome || ': ' || error_message END
+                         WHEN coalesce(error_type, '') = '' THEN error_message
+                         ELSE error_type || ': ' || error_message END, i) AS error
+             FROM lf_a GROUP BY task_key""",
+          "error = CASE WHEN a.task_key IS NULL THEN tasks.error ELSE a.error END"),
+    "R": ("""SELECT task_key, arg_max_null(fingerprint, i) AS fingerprint,
+                    arg_max_null(content_hash, i) AS content_hash,
+                    arg_max_null(kind, i) AS kind, arg_max_null(data, i) AS data,
+                    arg_max_null(uri, i) AS uri, arg_max_null(size, i) AS size,
+                    arg_max_null(cached_from, i) AS cached_from,
+                    arg_max_null(attempt, i) AS attempt
+             FROM lf_r GROUP BY task_key""",
+          ", ".join(f"{col} = CASE WHEN r.task_key IS NULL THEN tasks.{col} ELSE r.{src} END"
+                    for col, src in (("fingerprint", "fingerprint"),
+                                     ("result_hash", "content_hash"),
+                                     ("result_kind", "kind"), ("result_data", "data"),
+                                     ("result_uri", "uri"), ("result_size", "size"),
+                                     ("cached_from", "cached_from"),
+                                     ("result_attempt", "attempt")))),
+}
+
+
+def _task_update(kinds: list[str]) -> str:
+    """One UPDATE of ``tasks`` from the batch's events, attempts and results."""
+    keys = " UNION ".join(f"SELECT task_key FROM lf_{k.lower()}" for k in kinds)
+    joins = " ".join(f"LEFT JOIN ({_SUMMARIES[k][0]}) {k.lower()} "
+                     f"ON {k.lower()}.task_key = k.task_key" for k in kinds)
+    counts = ", ".join(f"coalesce({k.lower()}.attempts, 0)" for k in kinds if k != "R")
+    sets = ", ".join(_SUMMARIES[k][1] for k in kinds)
+    if counts:
+        sets += f", attempts = greatest(tasks.attempts, {counts})"
+    return (f"UPDATE tasks SET {sets} FROM ({keys}) k {joins} "
+            f"WHERE tasks.run_id = ? AND tasks.task_key = k.task_key")
+
+
+def _tag_bytes(tag: str) -> bytes:
+    return b'["' + tag.encode() + b'",'
+
+
+def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> None:
+    """Fold journal lines (``body``: complete lines) into the tables, set-based.
+
+    One parse, in bounded memory even for a commit of 100,000 task records,
+    and no Arrow conversion (building Arrow arrays from Python lists makes
+    pyarrow import pandas); the staging queries only index and cast.
+    """
+    # every line is a JSON array and JSON text never holds a raw newline, so
+    # "]\n[" occurs only between lines: joining the arrays is one replace
+    padded = b"\n" + body + b"\n"
+    if b"\n[]\n" in padded or b"\n\n" in padded:     # rare: empty commits or lines
+        body = b"\n".join(ln for ln in body.split(b"\n") if ln not in (b"", b"[]")) or b"[]"
+    del padded
+    # every record starts '["K",' (K its kind): a kind absent from the bytes is absent
+    # (a false positive, from text inside a string, only costs an empty statement)
+    kinds = {k for k in KINDS if _tag_bytes(k) in body}
+    scratch.parent.mkdir(parents=True, exist_ok=True)
+    scratch.write_bytes(body.replace(b"]\n[", b","))
+    del body
+    try:
+        con.execute("CREATE OR REPLACE TEMP TABLE lf_raw AS SELECT json AS r FROM "
+                    "read_json($1, format='array', records=false, "
+                    "columns={'json': 'VARCHAR[]'})", [str(scratch)])
+    finally:
+        scratch.unlink(missing_ok=True)
+    # the lf_* temp tables are replaced by the next batch and go with the connection
+    small = [r for (r,) in con.execute(
+        "SELECT r FROM lf_raw WHERE r[1] IN ('D', 'H', 'S') ORDER BY rowid").fetchall()] \
+        if kinds & {"D", "H", "S"} else []
+    _insert_run_records(con, run_id, token, small)
+    if "T" in kinds:
+        # no primary key on tasks: DuckDB keeps ART indexes in memory, ~2 KB a row
+        con.execute("INSERT INTO tasks (run_id, task_key, task_name, node, item_key, "
+                    "position, upstream, code_version, state, attempts, budget_base) "
+                    "SELECT ?, task_key, task_name, node, item_key, position, upstream, "
+                    f"code_version, 'pending', 0, 0 FROM ({stage_sql(TaskCreated)}) "
+                    "WHERE task_key NOT IN (SELECT task_key FROM tasks WHERE run_id = ?)",
+                    [run_id, run_id])
+    staged = [k for k in _STAGED if k in kinds]
+    for k in staged:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE lf_{k.lower()} AS {stage_sql(_STAGED[k])}")
+        kind = _STAGED[k]
+        con.execute(_append_sql(kind, f"lf_{k.lower()}"),
+                    [run_id, token] if kind.TOKENED else [run_id])
+    if "E" in kinds:
+        con.execute("UPDATE runs SET max_seq = greatest(coalesce(max_seq, 0), "
+                    "(SELECT max(seq) FROM lf_e)) WHERE run_id = ?", [run_id])
+    if staged:
+        con.execute(_task_update(staged), [run_id])
+    for kind in (ArtifactRecorded, Notice):
+        if kind.__struct_config__.tag in kinds:
+            con.execute(_append_sql(kind, f"({stage_sql(kind)})"),
+                        [run_id, token] if kind.TOKENED else [run_id])
+    for _, state, reason, at in [r for r in small if r[0] == "S"][-1:]:
+        ended = float(at) if state in RUN_TERMINAL_VALUES else None
+        con.execute("UPDATE runs SET state = ?, reason = ?, ended_at = ? WHERE run_id = ?",
+                    [state, reason, ended, run_id])
+
+
+def _insert_run_records(con: Any, run_id: str, token: int, records: list[Any]) -> None:
+    for rec in records:
+        if rec[0] == "D":
+            _, rid, pipe, target, params, created, options = rec[:7]
+            con.execute("INSERT INTO runs (run_id, pipeline, target, params, options, state, "
+                        "created_at, token, max_seq) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, 0) "
+                        "ON CONFLICT DO NOTHING",
+                        [rid, pipe, target, params, options, float(created), token])
+        elif rec[0] == "H":
+            _, htoken, pid, host = rec[:4]
+            con.execute("UPDATE runs SET token = greatest(coalesce(token, 0), ?), "
+                        "driver_pid = ?, driver_host = ? WHERE run_id = ?",
+                        [int(htoken), int(pid), host, run_id])
+
+
+class Fold:
+    """Folds the journals of one ledger into its file (see the module docstring)."""
+
+    def __init__(self, journals: Journals, scratch: Path, policy: FoldPolicy) -> None:
+        self.journals = journals
+        self.scratch = scratch
+        self.policy = policy
+
+    def run(self, con: Any, run_id: str, max_bytes: int | None = None) -> bool:
+        """Fold ``run_id``'s journal; with ``max_bytes``, stop after about that much.
+
+        Returns True if journal was left unfolded because of ``max_bytes``.
+        """
+        segs = self.journals.segments(run_id)
+        if not segs:
+            return False
+        # without a limit DuckDB keeps ~1 KB a folded task cached (the limit costs
+        # ~10% more time at 100k tasks)
+        con.execute(f"SET memory_limit='{self.policy.memory_limit}'")
+        try:
+            return self._segments(con, run_id, segs, max_bytes)
+        except duckdb.OutOfMemoryException:
+            # DuckDB cannot spill every operator: what needs more than the limit gets
+            # it (each batch committed with its offset, so this continues, not redoes)
+            log.info("fold of run %s needs more than %s; retrying without the limit",
+                     run_id, self.policy.memory_limit)
+            con.execute("RESET memory_limit")
+            return self._segments(con, run_id, self.journals.segments(run_id), max_bytes)
+
+    def _segments(self, con: Any, run_id: str, segs: list[tuple[int, Path]],
+                  max_bytes: int | None) -> bool:
+        budget = max_bytes
+        folded = dict(con.execute('SELECT token, "offset" FROM journal_folds WHERE run_id = ?',
+                                  [run_id]).fetchall())
+        row = con.execute("SELECT token FROM runs WHERE run_id = ?", [run_id]).fetchall()
+        current = max([(row[0][0] or 0) if row else 0, *(t for t, _ in segs)])
+        for token, path in segs:
+            start = folded.get(token, 0)
+            stale = token < current and token in folded
+            for body, end in iter_lines(path, start, self.policy.batch_bytes):
+                self._batch(con, run_id, token, stale, body, end)
+                if budget is not None:
+                    budget -= len(body)
+                    if budget <= 0:
+                        return True
+        return False
+
+    def _batch(self, con: Any, run_id: str, token: int, stale: bool, body: bytes,
+               end: int) -> None:
+        """One batch of journal lines and its journal offset, in one transaction."""
+        con.execute("BEGIN")
+        try:
+            if stale:   # what a superseded driver wrote after the takeover
+                count = sum(len(json.loads(line)) for line in body.split(b"\n") if line)
+                con.execute("INSERT INTO notices VALUES (?, NULL, NULL, ?, ?, ?)",
+                            [run_id, "stale_driver_rejected",
+                             f"rejected {count} record(s) written under superseded "
+                             f"token {token}", time.time()])
+            else:
+                insert(con, run_id, token, body,
+                       self.scratch / f"fold-{os.getpid()}-{threading.get_ident()}.json")
+            con.execute("INSERT OR REPLACE INTO journal_folds VALUES (?, ?, ?)",
+                        [run_id, token, end])
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+
+
+class BackgroundFold:
+    """Folds a run's journal into the file in the background while the run goes on.
+
+    Woken when ``policy.wake_bytes`` of journal were written, or every
+    ``policy.interval`` seconds if anything was. DuckDB releases the GIL while
+    it works, so on a machine with a spare core the fold overlaps the driver
+    instead of adding to it, and the fold left at release is only the tail.
+    Each wake-up folds at most ``policy.bite_bytes`` and then leaves the file
+    free for a while. A fold that finds the file locked (a reader) is retried
+    at the next wake-up; the journal is the durable copy either way.
+    """
+
+    def __init__(self, fold_bite: Any, run_id: str, policy: FoldPolicy) -> None:
+        self.fold_bite = fold_bite      # (run_id, max_bytes) -> more left?
+        self.run_id = run_id
+        self.policy = policy
+        self.pending = 0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"ledgerflow-fold-{run_id}")
+        self._thread.start()
+
+    def wrote(self, n: int) -> None:
+        self.pending += n
+        if self.pending >= self.policy.wake_bytes:
+            self._wake.set()
+
+    def _run(self) -> None:
+        policy = self.policy
+        while True:
+            self._wake.wait(policy.interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            if not self.pending:
+                continue
+            self.pending = 0     # advisory: bytes written meanwhile wake the next fold
+            started = time.monotonic()
+            try:
+                if self.fold_bite(self.run_id, policy.bite_bytes):
+                    self.pending = policy.wake_bytes
+            except StoreLockedError:
+                self.pending = 1
+            except Exception:   # the fold at release reports what is still wrong
+                log.warning("background fold of run %s failed", self.run_id, exc_info=True)
+            # leave the file free a while (at least 50 ms)
+            if self._stop.wait(max(0.05, (time.monotonic() - started) * policy.share)):
+                return
+            if self.pending >= policy.wake_bytes:
+                self._wake.set()
+
+    def stop(self) -> None:
+        """Stop folding; waits for a fold in progress (the caller folds the rest)."""
+        self._stop.set()
+        self._wake.set()
+        self._thread.join()

@@ -1,0 +1,138 @@
+"""Run leases: who drives a run, the heartbeat that renews it, and liveness checks.
+
+``<ledger>.d/runs/<run>/lease`` names the driving pid, its start time, the
+host, the fencing token and a heartbeat, renewed every second by
+:class:`Heartbeat`. A driver on this host is alive while its pid runs with
+the same start time (a reused pid is not mistaken for it); on another host,
+while its heartbeat is fresh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+#: A lease from another host counts as alive this long after its last heartbeat.
+REMOTE_TTL = 10.0
+
+
+def proc_start(pid: int) -> str | None:
+    """The start time of ``pid`` (from /proc), or None if it is not running."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        if fields[0] in ("Z", "X"):
+            return None
+        return fields[19]
+    except (OSError, IndexError):
+        return None
+
+
+def pid_alive(pid: int, start: str | None) -> bool:
+    """True if ``pid`` runs and (when known) started at ``start``."""
+    if os.path.isdir("/proc"):
+        now = proc_start(pid)
+        return now is not None and (start is None or now == start)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Leases:
+    """The lease files of one ledger."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.folder / run_id
+
+    def write(self, run_id: str, token: int) -> None:
+        d = self.run_dir(run_id)
+        d.mkdir(parents=True, exist_ok=True)
+        pid = os.getpid()
+        doc = {"token": token, "pid": pid, "host": socket.gethostname(),
+               "start": proc_start(pid), "heartbeat": time.time()}
+        tmp = d / f"lease.{pid}.{threading.get_ident()}.tmp"
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, d / "lease")
+
+    def read(self, run_id: str) -> dict[str, Any] | None:
+        try:
+            doc = json.loads((self.run_dir(run_id) / "lease").read_text())
+        except (OSError, ValueError):
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    def remove(self, run_id: str, token: int) -> None:
+        """Delete the lease if it is still ``token``'s."""
+        doc = self.read(run_id)
+        if doc and doc.get("token") == token:
+            with contextlib.suppress(FileNotFoundError):
+                (self.run_dir(run_id) / "lease").unlink()
+
+    def alive(self, run_id: str) -> bool:
+        """True if the lease of ``run_id`` is held by a live process."""
+        doc = self.read(run_id)
+        if doc is None:
+            return False
+        try:
+            if doc.get("host") == socket.gethostname():
+                return pid_alive(int(doc["pid"]), doc.get("start"))
+            return time.time() - float(doc.get("heartbeat", 0)) < REMOTE_TTL
+        except (KeyError, TypeError, ValueError):
+            return False
+
+    # -- cancel requests -----------------------------------------------------------------
+    def request_cancel(self, run_id: str) -> None:
+        d = self.run_dir(run_id)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "cancel").write_text(str(time.time()))
+
+    def cancel_requested(self, run_id: str) -> bool:
+        return os.path.exists(self.folder / run_id / "cancel")
+
+    def clear_cancel(self, run_id: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.run_dir(run_id) / "cancel").unlink()
+
+
+class Heartbeat:
+    """Renews a lease every second; notices when another driver took over."""
+
+    def __init__(self, leases: Leases, run_id: str, token: int) -> None:
+        self.leases, self.run_id, self.token = leases, run_id, token
+        self.fenced = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"ledgerflow-lease-{run_id}")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            self.beat()
+
+    def beat(self) -> None:
+        """Renew once now (or find out that the run was taken over)."""
+        if self.fenced:
+            return
+        doc = self.leases.read(self.run_id)
+        if doc is None or int(doc.get("token", 0)) > self.token:
+            self.fenced = True   # taken over (or released by a newer driver)
+            self._stop.set()
+            return
+        with contextlib.suppress(OSError):
+            self.leases.write(self.run_id, self.token)
+
+    def stop(self) -> None:
+        self._stop.set()

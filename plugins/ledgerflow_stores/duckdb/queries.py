@@ -1,0 +1,126 @@
+"""Reads of the ledger's tables: a run, the run listing, the cache index, record rows.
+
+Every function takes an open connection (or None when the file does not
+exist yet) and returns plain read models; combining them with the journal
+tail is the store's job (:mod:`ledgerflow_stores.duckdb.store`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ledgerflow.records import ArtifactRecorded, AttemptEnded, Notice, Record
+from ledgerflow.store import CacheHit
+from ledgerflow.views import RunView, TaskRow
+
+Folded = dict[int, int]      # token -> journal offset folded
+
+
+def folded_offsets(con: Any, run_id: str) -> Folded:
+    if con is None:
+        return {}
+    return dict(con.execute('SELECT token, "offset" FROM journal_folds WHERE run_id = ?',
+                            [run_id]).fetchall())
+
+
+def load_run(con: Any, run_id: str, *, tasks: bool = True,
+             upstream: bool = True) -> RunView | None:
+    """The run's folded rows (None if the tables do not hold it)."""
+    if con is None:
+        return None
+    row = con.execute(
+        "SELECT pipeline, target, params, options, created_at, state, reason, ended_at, "
+        "token, max_seq, driver_pid, driver_host FROM runs WHERE run_id = ?",
+        [run_id]).fetchall()
+    if not row:
+        return None
+    (pipeline, target, params, options, created, state, reason, ended, token, max_seq,
+     pid, host) = row[0]
+    view = RunView(run_id, pipeline=pipeline, target=target, params=params or "{}",
+                   options=options or "{}", created_at=created or 0.0, state=state,
+                   reason=reason or "", ended_at=ended, token=token or 0,
+                   max_seq=max_seq or 0, driver_pid=pid, driver_host=host)
+    if not tasks:
+        return view
+    # upstream lists are the costliest column to turn into Python: only lineage needs them
+    ups = "upstream" if upstream else "NULL"
+    rows = con.execute(
+        f"SELECT task_key, task_name, node, item_key, position, {ups}, code_version, state, "
+        "attempts, budget_base, started_at, ended_at, error, fingerprint, result_hash, "
+        "result_kind, result_data, result_uri, result_size, cached_from, result_attempt "
+        "FROM tasks WHERE run_id = ? ORDER BY rowid", [run_id]).fetchall()
+    by_key = view.tasks
+    for r in rows:
+        by_key[r[0]] = TaskRow(r[0], r[1], r[2], r[3], r[4], list(r[5] or ()), r[6], r[7],
+                               r[8] or 0, r[9] or 0, r[10], r[11], r[12], r[13], r[14],
+                               r[15], r[16], r[17], r[18] or 0, r[19], r[20] or 0)
+    return view
+
+
+def has_run(con: Any, run_id: str) -> bool:
+    if con is None:
+        return False
+    return bool(con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchall())
+
+
+def list_runs(con: Any, limit: int) -> dict[str, RunView]:
+    """The newest ``limit`` folded runs, with task counts by state (no task rows)."""
+    views: dict[str, RunView] = {}
+    if con is None:
+        return views
+    rows = con.execute(
+        "SELECT run_id, pipeline, state, reason, created_at, ended_at, target, "
+        "params, options FROM runs ORDER BY created_at DESC LIMIT ?", [limit]).fetchall()
+    counts = con.execute(
+        "SELECT run_id, state, count(*) FROM tasks WHERE run_id IN "
+        "(SELECT run_id FROM runs ORDER BY created_at DESC LIMIT ?) "
+        "GROUP BY ALL", [limit]).fetchall()
+    for rid, pipe, state, reason, created, ended, target, params, opts in rows:
+        views[rid] = RunView(rid, pipeline=pipe, state=state, reason=reason or "",
+                             created_at=created or 0.0, ended_at=ended, target=target,
+                             params=params or "{}", options=opts or "{}", task_counts={})
+    for rid, state, n in counts:
+        views[rid].task_counts[state] = n  # type: ignore[index]
+    return views
+
+
+def cache_lookup(con: Any, names: list[str], exclude_run: str | None) -> dict[str, CacheHit]:
+    """One committed result per fingerprint (the newest run's) of tasks named ``names``."""
+    out: dict[str, CacheHit] = {}
+    if con is None or not names:
+        return out
+    # the index grows with the distinct work done, not with how many times it was re-run
+    rows = con.execute(
+        "SELECT DISTINCT ON (fingerprint) fingerprint, run_id, task_key, result_hash, "
+        "result_kind, result_data, result_uri, result_size FROM tasks "
+        "WHERE state = 'succeeded' AND fingerprint IS NOT NULL "
+        "AND task_name IN (SELECT unnest($1::VARCHAR[])) "
+        "AND run_id IS DISTINCT FROM $2 ORDER BY fingerprint, run_id DESC",
+        [names, exclude_run]).fetchall()
+    for fp, *rest in rows:
+        out[fp] = tuple(rest)
+    return out
+
+
+_RECORD_SQL: dict[type[Record], str] = {
+    AttemptEnded: "SELECT task_key, attempt, outcome, started_at, ended_at, error_type, "
+                  "error_message, traceback FROM attempts WHERE run_id = ? ORDER BY rowid",
+    ArtifactRecorded: "SELECT task_key, attempt, direction, uri, content_hash, attrs "
+                      "FROM artifacts WHERE run_id = ? ORDER BY rowid",
+    Notice: "SELECT task_key, attempt, kind, message, ts FROM notices "
+            "WHERE run_id = ? ORDER BY rowid",
+}
+
+
+def record_rows(con: Any, run_id: str, kind: type[Record]) -> list[Any]:
+    """The folded rows of an append-only record kind, as records."""
+    if con is None:
+        return []
+    out = []
+    for row in con.execute(_RECORD_SQL[kind], [run_id]).fetchall():
+        if kind is ArtifactRecorded:
+            attrs = row[5]
+            row = (*row[:5], json.loads(attrs) if isinstance(attrs, str) else (attrs or {}))
+        out.append(kind(*row))
+    return out

@@ -1,0 +1,106 @@
+"""The ledger's tables: DDL, ordered migrations, and the schema check.
+
+Each migration runs in one transaction with the version it reaches, so a
+crash mid-migration leaves the previous version (DuckDB rolls the rest
+back) and the next writer completes it. A file with no tables at all is a
+ledger at version 0 (e.g. killed while it was being created).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import duckdb
+
+from ledgerflow.errors import NotALedgerError, SchemaVersionError
+
+SCHEMA_VERSION = 1
+
+MIGRATIONS: list[tuple[int, list[str]]] = [
+    (1, [
+        "CREATE TABLE IF NOT EXISTS meta(key VARCHAR PRIMARY KEY, value VARCHAR)",
+        """CREATE TABLE runs(run_id VARCHAR PRIMARY KEY, pipeline VARCHAR, target VARCHAR,
+            params VARCHAR, options VARCHAR, state VARCHAR, reason VARCHAR,
+            created_at DOUBLE, ended_at DOUBLE, token INTEGER, driver_pid INTEGER,
+            driver_host VARCHAR, max_seq BIGINT)""",
+        """CREATE TABLE tasks(run_id VARCHAR, task_key VARCHAR, task_name VARCHAR,
+            node VARCHAR, item_key VARCHAR, position INTEGER, upstream VARCHAR[],
+            code_version VARCHAR, state VARCHAR, attempts INTEGER, budget_base INTEGER,
+            started_at DOUBLE, ended_at DOUBLE, error VARCHAR, fingerprint VARCHAR,
+            result_hash VARCHAR, result_kind VARCHAR, result_data VARCHAR,
+            result_uri VARCHAR, result_size BIGINT, cached_from VARCHAR,
+            result_attempt INTEGER)""",
+        """CREATE TABLE events(run_id VARCHAR, seq BIGINT, task_key VARCHAR,
+            attempt INTEGER, from_state VARCHAR, to_state VARCHAR, reason VARCHAR,
+            ts DOUBLE, token INTEGER)""",
+        """CREATE TABLE attempts(run_id VARCHAR, task_key VARCHAR, attempt INTEGER,
+            outcome VARCHAR, started_at DOUBLE, ended_at DOUBLE, error_type VARCHAR,
+            error_message VARCHAR, traceback VARCHAR, token INTEGER)""",
+        """CREATE TABLE results(run_id VARCHAR, task_key VARCHAR, attempt INTEGER,
+            fingerprint VARCHAR, content_hash VARCHAR, kind VARCHAR, data VARCHAR,
+            uri VARCHAR, size BIGINT, cached_from VARCHAR)""",
+        """CREATE TABLE artifacts(run_id VARCHAR, task_key VARCHAR, attempt INTEGER,
+            direction VARCHAR, uri VARCHAR, content_hash VARCHAR, attrs VARCHAR)""",
+        """CREATE TABLE notices(run_id VARCHAR, task_key VARCHAR, attempt INTEGER,
+            kind VARCHAR, message VARCHAR, ts DOUBLE)""",
+        """CREATE TABLE journal_folds(run_id VARCHAR, token INTEGER, "offset" BIGINT,
+            PRIMARY KEY(run_id, token))""",
+        """CREATE VIEW lineage AS
+            SELECT t.run_id, t.task_key, t.result_attempt AS attempt, 'input' AS direction,
+                   'task:' || ut.task_key AS uri, ut.result_hash AS content_hash,
+                   t.code_version, NULL::VARCHAR AS attrs
+            FROM tasks t, unnest(t.upstream) AS u(up)
+            JOIN tasks ut ON ut.run_id = t.run_id AND (ut.task_key = u.up
+                 OR (ut.node = u.up AND ut.position IS NOT NULL))
+            UNION ALL
+            SELECT run_id, task_key, result_attempt, 'output', 'task:' || task_key,
+                   result_hash, code_version, NULL FROM tasks WHERE state = 'succeeded'
+            UNION ALL
+            SELECT a.run_id, a.task_key, a.attempt, a.direction, a.uri, a.content_hash,
+                   t.code_version, a.attrs
+            FROM artifacts a LEFT JOIN tasks t USING (run_id, task_key)""",
+    ]),
+]
+
+
+def check(con: Any, location: str) -> int:
+    """Return the schema version of the open ledger (0: no tables yet).
+
+    Raises:
+        NotALedgerError: a DuckDB file holding other tables.
+        SchemaVersionError: written by a newer ledgerflow.
+    """
+    try:    # the common case in one cheap query (the catalog query costs ~4 ms)
+        row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
+    except duckdb.CatalogException:
+        tables = con.execute("SELECT table_name FROM information_schema.tables").fetchall()
+        if not tables:
+            return 0
+        raise NotALedgerError(f"{location} is a DuckDB file but not a ledgerflow "
+                              "ledger (no meta table)") from None
+    version = int(row[0][0]) if row else 0
+    if version > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"ledger {location} has schema version {version}; this ledgerflow "
+            f"reads up to {SCHEMA_VERSION}")
+    return version
+
+
+def migrate(con: Any, location: str) -> int:
+    """Bring the ledger open read-write on ``con`` to :data:`SCHEMA_VERSION`."""
+    version = check(con, location)
+    for target, statements in MIGRATIONS:
+        if target <= version:
+            continue
+        con.execute("BEGIN")
+        try:
+            for sql in statements:
+                con.execute(sql)
+            con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
+                        [str(target)])
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        version = target
+    return version

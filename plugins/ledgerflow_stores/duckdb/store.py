@@ -1,0 +1,298 @@
+"""The ``duckdb`` store: the ledger as one DuckDB file plus per-run journals.
+
+DuckDB lets one process hold a file read-write and then no other process can
+open it at all, and a statement per transition costs ~0.5 ms. So the driver
+never keeps the file open: it appends each group commit as one line to a
+per-run journal (:mod:`.journal`; that append is the durability point) and
+folds journals into the tables in set-based batches (:mod:`.fold`), opening
+the file only for the fold: a background thread folds while the run goes
+on, the driver folds the tail at the end. Readers in any process open the
+file read-only for a moment and add the unfolded journal tail
+(:func:`ledgerflow.projection.apply`), so ``status``, ``runs`` and ``cancel``
+work while a run is active. Leases and cancel requests are files
+(:mod:`.lease`), large results content-addressed files (:mod:`.blobs`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ledgerflow.errors import (
+    LeaseLostError,
+    NotResumableError,
+    RunNotFoundError,
+    StoreError,
+    StoreLockedError,
+)
+from ledgerflow.projection import apply
+from ledgerflow.records import (
+    RUN_KINDS,
+    AnyRecord,
+    ArtifactRecorded,
+    AttemptEnded,
+    Notice,
+    Record,
+    RunDefined,
+)
+from ledgerflow.results import Encoded
+from ledgerflow.states import RUN_ACTIVE
+from ledgerflow.store import CacheHit, Lease
+from ledgerflow.views import RunView, attempt_dict, lineage_rows, notice_dict
+
+from . import queries
+from .blobs import Blobs
+from .connection import Ledger
+from .fold import RUN_TERMINAL_VALUES, BackgroundFold, Fold, FoldPolicy
+from .journal import Journals, read_records
+from .lease import Heartbeat, Leases
+
+R = TypeVar("R", bound=Record)
+_ACTIVE = frozenset(s.value for s in RUN_ACTIVE)
+
+
+class DuckDBStore:
+    """The default ledger (see the module docstring for the design).
+
+    Args:
+        path: the DuckDB file; its side folder is ``PATH.d``.
+        sync: ``normal`` (a commit survives a crash of the process) or ``full``
+            (also ``fsync``: survives a power loss); default ``LEDGERFLOW_SYNC``.
+        lock_timeout: seconds to wait for another process's lock on the file.
+        policy: fold batch sizes and timing.
+    """
+
+    name = "duckdb"
+
+    def __init__(self, path: str, *, sync: str | None = None,
+                 lock_timeout: float | None = None, policy: FoldPolicy | None = None) -> None:
+        p = Path(path).expanduser()
+        if p.is_dir():
+            raise StoreError(f"ledger path is a directory: {path}",
+                             hint="pass --store DIR/ledger.duckdb")
+        self.location = str(p.resolve())
+        self.side = Path(self.location + ".d")
+        self.policy = policy or FoldPolicy()
+        self.ledger = Ledger(self.location, lock_timeout if lock_timeout is not None else float(
+            os.environ.get("LEDGERFLOW_LOCK_TIMEOUT", "30")))
+        self.journals = Journals(self.side / "journals",
+                                 (sync or os.environ.get("LEDGERFLOW_SYNC", "normal")).lower())
+        self.leases = Leases(self.side / "runs")
+        self.blobs = Blobs(self.side)
+        self.folds = Fold(self.journals, self.side / "tmp", self.policy)
+        self._beats: dict[str, Heartbeat] = {}
+        self._background: dict[str, BackgroundFold] = {}
+
+    # -- writing -------------------------------------------------------------------------
+    def create_run(self, run_id: str, records: Sequence[Record]) -> Lease:
+        if self.ledger.exists() and self.ledger.version is None:
+            with self.ledger.connect(False):     # refuse a damaged or newer ledger first
+                pass
+        self._lease(run_id, 1)
+        lease = Lease(run_id, 1)
+        self.append(lease, records)
+        return lease
+
+    def _lease(self, run_id: str, token: int) -> None:
+        self.leases.write(run_id, token)
+        self.journals.start(run_id, token)
+        self._beats[run_id] = Heartbeat(self.leases, run_id, token)
+        self._background[run_id] = BackgroundFold(self._fold_bite, run_id, self.policy)
+
+    def take_over(self, run_id: str) -> Lease:
+        with self.ledger.connect(True) as con:
+            self.folds.run(con, run_id)
+            row = con.execute("SELECT token FROM runs WHERE run_id = ?", [run_id]).fetchall()
+            if not row:
+                raise RunNotFoundError(f"no run {run_id!r} in {self.location}")
+            if self.leases.alive(run_id):
+                lease = self.leases.read(run_id) or {}
+                raise NotResumableError(
+                    f"run {run_id} is still being driven by pid {lease.get('pid')} on "
+                    f"{lease.get('host')}",
+                    hint=f"wait for it, or stop it first: pipeline cancel {run_id}")
+            seg_tokens = [t for t, _ in self.journals.segments(run_id)]
+            token = max([row[0][0] or 0, *seg_tokens]) + 1
+            con.execute("UPDATE runs SET token = ? WHERE run_id = ?", [token, run_id])
+            self.leases.clear_cancel(run_id)
+            self._lease(run_id, token)
+        return Lease(run_id, token)
+
+    def append(self, lease: Lease, records: Sequence[Record]) -> None:
+        if not records:
+            return
+        beat = self._beats.get(lease.run_id)
+        if self.journals.token(lease.run_id) != lease.token or (
+                beat is not None and beat.fenced):
+            raise LeaseLostError(f"run {lease.run_id} was taken over by another driver; "
+                                 f"token {lease.token} is no longer valid")
+        n = self.journals.append(lease.run_id, records)
+        background = self._background.get(lease.run_id)
+        if background is not None:
+            background.wrote(n)
+
+    def release(self, lease: Lease) -> None:
+        background = self._background.pop(lease.run_id, None)
+        if background is not None:
+            background.stop()
+        beat = self._beats.pop(lease.run_id, None)
+        if beat is not None:
+            beat.stop()
+        if not self.journals.stop(lease.run_id):
+            return
+        if beat is not None and beat.fenced:
+            return
+        if not self.policy.fold_at_release:
+            self.leases.remove(lease.run_id, lease.token)
+            return
+        try:
+            self.fold_run(lease.run_id, delete_finished=True)
+        except StoreLockedError:
+            pass   # readers add the tail; the next writer folds it
+        self.leases.remove(lease.run_id, lease.token)
+
+    def _fold_bite(self, run_id: str, max_bytes: int) -> bool:
+        # a bounded bite, then the file is free again for readers in other processes
+        with self.ledger.connect(True, timeout=0.05) as con:
+            return self.folds.run(con, run_id, max_bytes=max_bytes)
+
+    def fold_run(self, run_id: str, *, max_bytes: int | None = None,
+                 delete_finished: bool = False) -> bool:
+        """Fold ``run_id``'s journal now, in bites of ``policy.bite_bytes``.
+
+        With ``max_bytes``, stop after about that much and return True if more
+        is left. With ``delete_finished``, a finished, fully folded run's
+        journal is deleted.
+        """
+        budget = max_bytes
+        while True:
+            bite = self.policy.bite_bytes if budget is None else min(budget,
+                                                                     self.policy.bite_bytes)
+            # each bite on a fresh connection: DuckDB keeps what it cached while a
+            # connection stays open, on top of the run's own memory
+            with self.ledger.connect(True) as con:
+                more = self.folds.run(con, run_id, max_bytes=bite)
+                if more:
+                    if budget is not None:
+                        budget -= bite
+                        if budget <= 0:
+                            return True
+                    continue
+                if delete_finished:
+                    state = con.execute("SELECT state FROM runs WHERE run_id = ?",
+                                        [run_id]).fetchall()
+                    if state and state[0][0] in RUN_TERMINAL_VALUES:
+                        # fully folded and finished: the journal has served its purpose
+                        self.journals.delete(run_id)
+                return False
+
+    def fold(self) -> None:
+        """Fold every journal into the DuckDB file now."""
+        for run_id in sorted(self.journals.runs()):
+            self.fold_run(run_id)
+
+    # -- results -------------------------------------------------------------------------
+    def put_blob(self, enc: Encoded) -> str | None:
+        return self.blobs.put(enc)
+
+    def read_blob(self, kind: str, data: str | None, uri: str | None) -> Any:
+        return self.blobs.read(kind, data, uri)
+
+    def result_path(self, uri: str) -> str:
+        """The file behind a result URI (Parquet for tables: ``read_parquet`` it)."""
+        return str(self.blobs.path(uri))
+
+    # -- reading -------------------------------------------------------------------------
+    def _tail(self, run_id: str, folded: queries.Folded) -> list[AnyRecord]:
+        """The records of ``run_id`` not folded yet (a superseded driver's are left out)."""
+        segs = self.journals.segments(run_id)
+        if not segs:
+            return []
+        current = max(t for t, _ in segs)
+        records: list[AnyRecord] = []
+        for token, path in segs:
+            if token < current and token in folded:
+                continue  # what an old driver wrote after the takeover is not applied
+            more, _ = read_records(path, folded.get(token, 0))
+            records.extend(more)
+        return records
+
+    def get_run(self, run_id: str, *, tasks: bool = True, upstream: bool = True) -> RunView:
+        with self.ledger.connect(False) as con:
+            view = queries.load_run(con, run_id, tasks=tasks, upstream=upstream)
+            tail = self._tail(run_id, queries.folded_offsets(con, run_id))
+        return self._view(run_id, view, tail, tasks)
+
+    def _view(self, run_id: str, view: RunView | None, tail: list[AnyRecord],
+              tasks: bool = True) -> RunView:
+        if not tasks:
+            tail = [r for r in tail if isinstance(r, RUN_KINDS)]
+        if view is None:
+            if not any(isinstance(r, RunDefined) for r in tail):
+                raise RunNotFoundError(f"no run {run_id!r} in {self.location}")
+            view = RunView(run_id)
+        apply(view, tail)
+        view.driver_alive = self.leases.alive(run_id) if view.state in _ACTIVE else False
+        return view
+
+    def list_runs(self, limit: int = 50) -> list[RunView]:
+        with self.ledger.connect(False) as con:
+            views = queries.list_runs(con, limit)
+        for rid in self.journals.runs():
+            try:
+                views[rid] = self.get_run(rid)
+            except RunNotFoundError:
+                continue
+        out = sorted(views.values(), key=lambda v: v.created_at, reverse=True)[:limit]
+        for v in out:
+            if v.state in _ACTIVE and v.driver_alive is None:
+                v.driver_alive = self.leases.alive(v.run_id)
+        return out
+
+    def request_cancel(self, run_id: str) -> None:
+        self.get_run(run_id, tasks=False)
+        self.leases.request_cancel(run_id)
+
+    def cancel_requested(self, run_id: str) -> bool:
+        return self.leases.cancel_requested(run_id)
+
+    def cache_lookup(self, task_names: Iterable[str],
+                     exclude_run: str | None = None) -> dict[str, CacheHit]:
+        with self.ledger.connect(False) as con:
+            return queries.cache_lookup(con, list(task_names), exclude_run)
+
+    def _records(self, run_id: str, kind: type[R]) -> list[R]:
+        """Every record of ``kind`` of a run: folded rows, then the journal tail."""
+        with self.ledger.connect(False) as con:
+            known = queries.has_run(con, run_id)
+            rows: list[R] = queries.record_rows(con, run_id, kind) if known else []
+            tail = self._tail(run_id, queries.folded_offsets(con, run_id))
+        if not known and not any(isinstance(r, RunDefined) for r in tail):
+            raise RunNotFoundError(f"no run {run_id!r} in {self.location}")
+        return rows + [r for r in tail if type(r) is kind]
+
+    def lineage(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
+        with self.ledger.connect(False) as con:
+            view = queries.load_run(con, run_id)
+            rows = queries.record_rows(con, run_id, ArtifactRecorded) if view else []
+            tail = self._tail(run_id, queries.folded_offsets(con, run_id))
+        view = self._view(run_id, view, tail)
+        arts = rows + [r for r in tail if type(r) is ArtifactRecorded]
+        return lineage_rows(view, arts, task_key)
+
+    def notices(self, run_id: str) -> list[dict[str, Any]]:
+        return [notice_dict(r) for r in self._records(run_id, Notice)]
+
+    def attempts(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
+        return [attempt_dict(r) for r in self._records(run_id, AttemptEnded)
+                if task_key is None or r.task_key == task_key]
+
+    def driver_alive(self, run_id: str) -> bool:
+        """True if the lease of ``run_id`` is held by a live process."""
+        return self.leases.alive(run_id)
+
+    def close(self) -> None:
+        for run_id, token in self.journals.open_runs():
+            self.release(Lease(run_id, token))

@@ -1,0 +1,195 @@
+"""What the CLI prints: progress while a run is driven, tables and lines after.
+
+One counter model (:class:`Counts`) is fed by the runner's transitions
+(after their commit) and shared by the terminal bar and the plain lines.
+Output for big runs is aggregated by task name above :data:`ROW_LIMIT` rows.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import click
+
+from ..states import FAILED_LIKE, TERMINAL, TaskState
+from ..views import RunView, TaskRow, counts_text
+
+#: Above this many tasks, tables and logs show one row per task name.
+ROW_LIMIT = 50
+#: Per-task lines printed for failures before they are only counted.
+FAILURE_LINES = 20
+_TERMINAL = frozenset(s.value for s in TERMINAL)
+_FAILED_LIKE = frozenset(s.value for s in FAILED_LIKE)
+_COLOURS: dict[str, str] = {TaskState.SUCCEEDED: "green", TaskState.FAILED: "red",
+            TaskState.UPSTREAM_FAILED: "red", TaskState.CANCELLED: "yellow",
+            TaskState.RUNNING: "cyan", TaskState.CANCELLING: "yellow"}
+
+
+class Counts:
+    """Tasks by state, moved by transitions (starts from a resumed run's counts)."""
+
+    def __init__(self, initial: Mapping[str, int] | None = None) -> None:
+        self.by_state: dict[str, int] = dict(initial or {})
+
+    def move(self, old: str, new: str) -> None:
+        c = self.by_state
+        if old:
+            c[old] = c.get(old, 0) - 1
+            if c[old] <= 0:
+                del c[old]
+        c[new] = c.get(new, 0) + 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_state.values())
+
+    @property
+    def ended(self) -> int:
+        return sum(n for s, n in self.by_state.items() if s in _TERMINAL)
+
+    def get(self, state: str) -> int:
+        return self.by_state.get(state, 0)
+
+
+class Lines:
+    """Plain progress lines for pipes and logs."""
+
+    def __init__(self, initial: Mapping[str, int] | None = None, *,
+                 echo: Any = None) -> None:
+        self.counts = Counts(initial)
+        self.echo = echo or out
+        self.last = time.monotonic()
+        self.printed_ok = 0
+        self.printed_bad = 0
+
+    def __call__(self, key: str, old: str, new: str) -> None:
+        self.counts.move(old, new)
+        if new in _FAILED_LIKE:
+            if self.printed_bad < FAILURE_LINES:
+                self.printed_bad += 1
+                self.echo(f"  {new:<15} {key}")
+        elif new == TaskState.SUCCEEDED and self.counts.total <= ROW_LIMIT:
+            self.printed_ok += 1
+            self.echo(f"  {new:<15} {key}")
+        if time.monotonic() - self.last > 5:
+            self.last = time.monotonic()
+            self.echo(f"  ... {counts_text(self.counts.by_state)}")
+
+    def close(self) -> None:
+        bad = sum(self.counts.get(s) for s in _FAILED_LIKE)
+        if bad > self.printed_bad:
+            self.echo(f"  ... and {bad - self.printed_bad} more that did not succeed "
+                      "(pipeline status lists them)")
+
+
+class Bar:
+    """A live rich progress bar on a terminal."""
+
+    def __init__(self, initial: Mapping[str, int] | None = None) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
+                                 MofNCompleteColumn(), TextColumn("{task.fields[detail]}"),
+                                 TimeElapsedColumn(), transient=False)
+        self.counts = Counts(initial)
+        self.task = self.progress.add_task("tasks", total=self.counts.total or None,
+                                           detail="")
+        self.progress.start()
+        self.last = 0.0
+
+    def __call__(self, key: str, old: str, new: str) -> None:
+        self.counts.move(old, new)
+        now = time.monotonic()
+        if now - self.last < 0.1 and new != TaskState.FAILED:
+            return
+        self.last = now
+        self._draw()
+
+    def _draw(self) -> None:
+        c = self.counts
+        self.progress.update(self.task, total=c.total, completed=c.ended,
+                             detail=f"running {c.get(TaskState.RUNNING)}  failed {c.get(TaskState.FAILED)}")
+
+    def close(self) -> None:
+        self._draw()
+        self.progress.stop()
+
+
+def progress_for(as_json: bool, initial: Mapping[str, int] | None = None) -> Any:
+    """The progress display of a CLI run: none for ``--json``, a bar on a terminal."""
+    if as_json:
+        return None
+    return Bar(initial) if sys.stdout.isatty() else Lines(initial)
+
+
+def dumps(doc: object) -> str:
+    """JSON for ``--json`` outputs (indented; every command uses this)."""
+    return json.dumps(doc, indent=2, default=str)
+
+
+def _duration(r: TaskRow) -> str:
+    return f"{r.ended_at - r.started_at:.3f}s" if r.started_at and r.ended_at else ""
+
+
+def summary(view: RunView, *, all_rows: bool = False) -> None:
+    """The run's task table (per task, or per task name for big runs) and counts."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+    console = Console(width=max(100, min(160, Console().width)), soft_wrap=False)
+    rows = list(view.tasks.values())
+    table = Table(title=escape(f"run {view.run_id} ({view.pipeline}): {view.state}"),
+                  title_justify="left")
+    if len(rows) <= (500 if all_rows else ROW_LIMIT):
+        for col in ("task", "state", "attempts", "duration", "error"):
+            table.add_column(col, overflow="fold")
+        for r in rows:
+            state = r.state + (" (cached)" if r.cached_from else "")
+            # task keys hold [item] suffixes: escape them, or rich reads them as markup
+            table.add_row(escape(r.key), f"[{_COLOURS.get(r.state, 'white')}]{state}[/]",
+                          str(r.attempts), _duration(r), escape((r.error or "")[:120]))
+    else:   # many tasks: one line per task name
+        for col in ("task", "tasks", "states", "cached", "busy time", "first error"):
+            table.add_column(col, overflow="fold")
+        by_name: dict[str, list[TaskRow]] = {}
+        for r in rows:
+            by_name.setdefault(r.task_name or r.key, []).append(r)
+        for name, group in by_name.items():
+            states: dict[str, int] = {}
+            for r in group:
+                states[r.state] = states.get(r.state, 0) + 1
+            busy = sum(r.ended_at - r.started_at for r in group if r.started_at and r.ended_at)
+            err = next((f"{r.key}: {r.error}" for r in group if r.error
+                        and r.state != TaskState.SUCCEEDED), "")
+            table.add_row(escape(name), str(len(group)), ", ".join(
+                f"[{_COLOURS.get(s, 'white')}]{n} {s}[/]" for s, n in sorted(states.items())),
+                str(sum(1 for r in group if r.cached_from)), f"{busy:.2f}s", escape(err[:120]))
+    console.print(table)
+    console.print(f"tasks: {counts_text(view.counts())}")
+    causes = view.root_causes()
+    if causes:
+        first = causes[0]
+        more = f" (and {len(causes) - 1} more)" if len(causes) > 1 else ""
+        console.print(f"root cause: {escape(first.key)}: {escape(first.error or 'failed')}"
+                      f"{more}", markup=True)
+    if view.active and view.driver_alive is False:
+        console.print(f"driver is gone: resume with  pipeline resume {view.run_id}")
+
+
+def out(text: str = "", *, err: bool = False) -> None:
+    """Print a line; once the reader of stdout went away (``| head``), drop output."""
+    try:
+        click.echo(text, err=err)
+    except BrokenPipeError:
+        import os
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, (sys.stderr if err else sys.stdout).fileno())

@@ -1,0 +1,143 @@
+"""The control API: start, resume, cancel and inspect runs by id or target.
+
+Example:
+    >>> import ledgerflow as lf
+    >>> run = my_pipeline.run(source="docs/")          # doctest: +SKIP
+    >>> run.status().state                              # doctest: +SKIP
+    'succeeded'
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ._gc import quiet_gc
+from .errors import InputError, NotResumableError
+from .launch import (
+    Run,
+    StoreArg,
+    check_executor,
+    continue_run,
+    make_executor,
+    new_run_id,
+    open_ledger,
+    refuse_resume,
+    settings_for,
+    start,
+    store_for,
+)
+from .loading import abs_target, load_module, load_target, pipelines_in
+from .pipeline import Pipeline
+from .resume import decide
+from .states import RUN_TERMINAL
+from .views import RunView
+
+__all__ = [
+    "Run",
+    "abs_target",
+    "cancel",
+    "check_executor",
+    "get_run",
+    "load_module",
+    "load_target",
+    "make_executor",
+    "new_run_id",
+    "open_ledger",
+    "pipelines_in",
+    "plan_resume",
+    "resume",
+    "run",
+    "runs",
+    "start",
+]
+
+
+def run(target: Pipeline[..., Any] | str, /, *args: Any, params: dict[str, Any] | None = None,
+        store: StoreArg = None, executor: object = None, workers: int | None = None,
+        fail_fast: bool | None = None, wait: bool = True, progress: Any = None,
+        **kwparams: Any) -> Run:
+    """Run a pipeline object or ``FILE.py[:NAME]`` target; return the :class:`Run`."""
+    pipe = load_target(target) if isinstance(target, str) else target
+    return start(pipe, args, {**(params or {}), **kwparams}, store=store, executor=executor,
+                 workers=workers, fail_fast=fail_fast, wait=wait, progress=progress,
+                 target=abs_target(target, pipe.name) if isinstance(target, str) else None)
+
+
+def recorded_pipeline(view: RunView) -> Pipeline[..., Any]:
+    """Load the pipeline that started ``view`` from its recorded target.
+
+    Never falls back to another pipeline of the same name: when the target
+    cannot be loaded, NotResumableError says how to resume.
+    """
+    if not view.target:
+        raise NotResumableError(
+            f"run {view.run_id} recorded no target to load pipeline {view.pipeline!r} from",
+            hint=f"pass the pipeline: ledgerflow.resume({view.run_id!r}, pipeline=...)")
+    try:
+        pipe = load_target(view.target)
+    except InputError as exc:
+        where = ("a notebook or REPL: resume it there with ledgerflow.resume(run_id)"
+                 if view.target.startswith("__main__:") else
+                 f"fix {view.target} or pass pipeline=... to ledgerflow.resume")
+        raise NotResumableError(
+            f"cannot load pipeline {view.pipeline!r} of run {view.run_id} from "
+            f"{view.target}: {exc}", hint=f"the run was started from {where}") from exc
+    if pipe.name != view.pipeline:
+        raise NotResumableError(
+            f"{view.target} now defines pipeline {pipe.name!r}, but run {view.run_id} "
+            f"ran {view.pipeline!r}", hint="restore the pipeline's name, then resume")
+    return pipe
+
+
+def resume(run_id: str, *, store: StoreArg = None, executor: object = None,
+           workers: int | None = None, fail_fast: bool | None = None, wait: bool = True,
+           pipeline: Pipeline[..., Any] | None = None, progress: Any = None,
+           cancel_event: threading.Event | None = None, dask_address: str | None = None) -> Run:
+    """Continue ``run_id``: keep its successes, retry lost tasks, reset failed ones.
+
+    The pipeline is loaded from the run's recorded target unless ``pipeline``
+    is given.
+
+    Raises:
+        NotResumableError: the run succeeded, its driver is still alive, or its
+            pipeline cannot be loaded.
+    """
+    settings = settings_for(store, executor, workers, fail_fast, dask_address=dask_address)
+    st = store_for(settings, store)
+    view = st.get_run(run_id, tasks=False)
+    refuse_resume(view)
+    pipe = pipeline or recorded_pipeline(view)
+    return continue_run(pipe, view, st, settings=settings, executor=executor, wait=wait,
+                        progress=progress, cancel_event=cancel_event)
+
+
+def plan_resume(run_id: str, *, store: StoreArg = None) -> list[tuple[str, str, str]]:
+    """What a resume would do, per task: ``(key, action, why)``; runs nothing."""
+    st = open_ledger(store)
+    with quiet_gc():
+        view = st.get_run(run_id, upstream=False)
+    return [(row.key, d.action.value, d.why)
+            for row in view.tasks.values() for d in (decide(row),)]
+
+
+def get_run(run_id: str, *, store: StoreArg = None) -> Run:
+    """A handle on an existing run."""
+    st = open_ledger(store)
+    st.get_run(run_id, tasks=False)
+    return Run(run_id, st)
+
+
+def runs(*, store: StoreArg = None, limit: int = 50) -> list[RunView]:
+    """The newest runs in the ledger."""
+    return open_ledger(store).list_runs(limit)
+
+
+def cancel(run_id: str, *, store: StoreArg = None) -> None:
+    """Ask a run to cancel; its driver (in any process) picks it up within ~0.1 s."""
+    st = open_ledger(store)
+    view = st.get_run(run_id, tasks=False)
+    if view.state in RUN_TERMINAL:
+        raise InputError(f"run {run_id} already ended {view.state}; nothing to cancel",
+                         hint=f"start it again with: pipeline resume {run_id}")
+    st.request_cancel(run_id)

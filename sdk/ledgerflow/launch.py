@@ -1,0 +1,394 @@
+"""Starting and driving runs of a pipeline object, and the :class:`Run` handle.
+
+This is the layer ``Pipeline.run`` calls; it never imports user code (finding
+a pipeline by its recorded target is :mod:`ledgerflow.run`'s job).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Union
+
+from ._gc import quiet_gc
+from .config import Settings
+from .errors import (
+    InputError,
+    NotResumableError,
+    PluginError,
+    RunFailedError,
+    TaskFailedError,
+)
+from .executor import Executor
+from .graph import Graph
+from .plan import UNSET
+from .plugins import get_plugin_manager
+from .runner import Runner
+from .states import RunState, TaskState
+from .store import Lease, RunStore
+from .task import MapRef, TaskRef
+from .views import RunView
+
+if TYPE_CHECKING:
+    from .pipeline import Pipeline
+
+
+def new_run_id() -> str:
+    """A sortable, unique run id such as ``20261129-194138-3fa9c2``."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def _installed(hook: str) -> list[str]:
+    pm = get_plugin_manager()
+    return sorted({n for ns in getattr(pm.hook, hook)() for n in ns})
+
+
+def open_store(settings: Settings) -> RunStore:
+    """Build the store named by ``settings.store_kind`` through the plugins."""
+    pm = get_plugin_manager()
+    store = pm.hook.ledgerflow_make_store(name=settings.store_kind, settings=settings)
+    if store is None:
+        raise PluginError(f"store {settings.store_kind!r} not found; installed: "
+                          + ", ".join(_installed("ledgerflow_store_names")),
+                          hint="install a plugin that provides it, or set "
+                          "LEDGERFLOW_STORE_KIND=duckdb")
+    return store  # type: ignore[no-any-return]
+
+
+def check_executor(name: str | None) -> None:
+    """Raise PluginError unless an executor plugin offers ``name``."""
+    if name is None:
+        return
+    names = _installed("ledgerflow_executor_names")
+    if name not in names:
+        raise PluginError(f"executor {name!r} not found; installed: " + ", ".join(names),
+                          hint="install a plugin that provides it, or use --executor threads")
+
+
+def make_executor(name: object, settings: Settings) -> Executor:
+    """Build the executor called ``name`` (or pass an instance through)."""
+    if not isinstance(name, str):
+        if not isinstance(name, Executor):
+            raise PluginError(f"{name!r} is not an executor (no start/submit/cancel/shutdown)",
+                              hint="pass an executor name, e.g. executor='threads'")
+        return name
+    check_executor(name)
+    ex = get_plugin_manager().hook.ledgerflow_make_executor(name=name, settings=settings)
+    if ex is None:
+        raise PluginError(f"executor plugin for {name!r} built nothing",
+                          hint="check the plugin's ledgerflow_make_executor hook")
+    return ex  # type: ignore[no-any-return]
+
+
+_MEMORY_STORES: dict[str, RunStore] = {}
+
+
+#: Where a run is recorded: a store location (``:memory:``/``memory:NAME`` for the
+#: memory store), a store object, or None (``LEDGERFLOW_STORE`` or the default).
+StoreArg = Union[str, RunStore, None]  # noqa: UP007
+
+
+def settings_for(store: StoreArg = None, executor: object = None,
+                 workers: int | None = None, fail_fast: bool | None = None,
+                 **extra: Any) -> Settings:
+    """Settings from the environment with these overrides (None: not given)."""
+    extra = {k: v for k, v in extra.items() if v is not None}
+    kw: dict[str, Any] = {"workers": workers, "fail_fast": fail_fast}
+    if isinstance(executor, str):
+        kw["executor"] = executor
+    if isinstance(store, str):
+        if store == ":memory:" or store.startswith("memory:"):
+            kw["store_kind"] = "memory"
+        kw["store"] = store
+    elif store is not None:
+        kw["store"], kw["store_kind"] = store.location, store.name
+    kw.update(extra)
+    return Settings.from_env(**kw)
+
+
+def store_for(settings: Settings, given: StoreArg = None) -> RunStore:
+    """The store of ``settings`` (one memory store per name per process), or ``given``
+    if it is a store object."""
+    if given is not None and not isinstance(given, str):
+        return given
+    if settings.store_kind == "memory":
+        st = _MEMORY_STORES.get(settings.store)
+        if st is None:
+            st = _MEMORY_STORES[settings.store] = open_store(settings)
+        return st
+    return open_store(settings)
+
+
+def open_ledger(store: StoreArg = None) -> RunStore:
+    """The store at ``store`` (default: ``LEDGERFLOW_STORE`` or ``.ledgerflow/``)."""
+    return store_for(settings_for(store), store)
+
+
+class Run:
+    """A handle on one run: watch it, wait for it, read its results, cancel it."""
+
+    def __init__(self, run_id: str, store: RunStore, *, graph: Graph | None = None,
+                 runner: Runner | None = None) -> None:
+        self.run_id = run_id
+        self.store = store
+        self.graph = graph
+        self._runner = runner
+        self._thread: threading.Thread | None = None
+        self._state: str | None = None
+        self._error: BaseException | None = None
+
+    # -- driving ------------------------------------------------------------------------
+    def _drive(self) -> None:
+        pm = get_plugin_manager()
+        runner = self._runner
+        assert runner is not None and runner.lease is not None
+        try:
+            self._state = runner.drive()
+        except BaseException as exc:
+            self._error = exc
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            try:
+                self.store.release(runner.lease)
+            finally:
+                try:
+                    pm.hook.ledgerflow_run_finish(run_id=self.run_id,
+                                                  state=self._state or "interrupted")
+                except Exception:   # observers must never break a run
+                    import logging
+                    logging.getLogger("ledgerflow").exception(
+                        "ledgerflow_run_finish hook failed")
+
+    def _start(self, wait: bool) -> Run:
+        if wait:
+            self._drive()
+            if self._error is not None:
+                raise self._error
+        else:
+            self._thread = threading.Thread(target=self._drive, name=f"ledgerflow-{self.run_id}",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def wait(self, timeout: float | None = None) -> str:
+        """Block until the run stops driving here; return its state."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._error is not None:
+                raise self._error
+        return self.state
+
+    @property
+    def done(self) -> bool:
+        """True when this process is not (or no longer) driving the run."""
+        return self._thread is None or not self._thread.is_alive()
+
+    # -- inspecting ---------------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        """The run's state: as this process ended it, else as the ledger records it."""
+        return self._state or self.status().state
+
+    def status(self) -> RunView:
+        """Read the run and its tasks from the ledger."""
+        return self.store.get_run(self.run_id)
+
+    def tasks(self) -> list[dict[str, Any]]:
+        """One dict per task (key, task, state, attempts, times, error)."""
+        return [t.as_json() for t in self.status().tasks.values()]
+
+    def cancel(self) -> None:
+        """Ask the run to cancel (works from any process, see :func:`ledgerflow.cancel`)."""
+        if self._runner is not None:
+            self._runner.cancel_event.set()
+        self.store.request_cancel(self.run_id)
+
+    def lineage(self, task_key: str | None = None) -> list[dict[str, Any]]:
+        """Lineage rows of the run (or one task)."""
+        return self.store.lineage(self.run_id, task_key)
+
+    def attempts(self, task_key: str | None = None) -> list[dict[str, Any]]:
+        """Finished attempts with their outcomes."""
+        return self.store.attempts(self.run_id, task_key)
+
+    def notices(self) -> list[dict[str, Any]]:
+        """Rejected late or duplicate results and other notes."""
+        return self.store.notices(self.run_id)
+
+    def result(self, task_key: str | None = None) -> Any:
+        """Return the pipeline's return value, or one task's result.
+
+        Raises:
+            RunFailedError: the run did not succeed (for the pipeline value).
+            TaskFailedError: that task did not succeed.
+        """
+        self.wait()
+        if task_key is not None:
+            return self._task_value(task_key)
+        view = self.status()
+        if view.state != RunState.SUCCEEDED:
+            bad = view.root_causes() or [t for t in view.tasks.values()
+                                         if t.state != TaskState.SUCCEEDED]
+            first = bad[0] if bad else None
+            detail = f"; first: {first.key} {first.state}: {first.error}" if first else ""
+            raise RunFailedError(f"run {self.run_id} ended {view.state}{detail}",
+                                 hint=f"inspect it with: pipeline status {self.run_id}")
+        if self.graph is not None:
+            output = self.graph.output
+        else:
+            recorded = json.loads(view.options or "{}")
+            if "output" not in recorded:
+                raise InputError(f"run {self.run_id} was recorded without its output "
+                                 "structure (an older ledgerflow)",
+                                 hint="read one task's result: run.result(task_key)")
+            output = output_from_json(recorded["output"])
+        return self._fill(output, view)
+
+    def _fill(self, value: Any, view: RunView) -> Any:
+        t = type(value)
+        if t is TaskRef:
+            return self._task_value(value.key, view)
+        if t is MapRef:
+            kids = [r for r in view.tasks.values() if r.node == value.key and r.position is not None]
+            kids.sort(key=lambda r: r.position or 0)
+            return [self._task_value(r.key, view) for r in kids]
+        if t is list or t is tuple:
+            return t(self._fill(v, view) for v in value)
+        if t is dict:
+            return {k: self._fill(v, view) for k, v in value.items()}
+        return value
+
+    def _task_value(self, key: str, view: RunView | None = None) -> Any:
+        runner = self._runner
+        if runner is not None:
+            inst = runner.plan.insts.get(key)
+            if inst is not None and inst.state == TaskState.SUCCEEDED \
+                    and inst.value is not UNSET:
+                return inst.value
+        view = view or self.status()
+        row = view.tasks.get(key)
+        if row is None:
+            raise InputError(f"run {self.run_id} has no task {key!r}",
+                             hint="list its tasks with: pipeline status " + self.run_id)
+        if row.state != TaskState.SUCCEEDED:
+            raise TaskFailedError(f"task {key!r} is {row.state}: {row.error}", task_key=key,
+                                  run_id=self.run_id, attempt=row.attempts)
+        return self.store.read_blob(row.result_kind or "json", row.result_data,
+                                    row.result_uri)
+
+    def __repr__(self) -> str:
+        return f"<Run {self.run_id} {self.state}>"
+
+    def _repr_html_(self) -> str:
+        from .display import run_html
+        return run_html(self.status())
+
+
+def output_to_json(value: Any) -> Any:
+    """A pipeline's return value with references as ``{"$task": key}`` / ``{"$map": key}``."""
+    t = type(value)
+    if t is TaskRef:
+        return {"$task": value.key}
+    if t is MapRef:
+        return {"$map": value.key}
+    if t is list or t is tuple:
+        return [output_to_json(v) for v in value]
+    if t is dict:
+        return {str(k): output_to_json(v) for k, v in value.items()}
+    if value is None or t in (str, int, float, bool):
+        return value
+    return repr(value)
+
+
+def output_from_json(doc: Any) -> Any:
+    """The inverse of :func:`output_to_json` (tuples come back as lists)."""
+    if isinstance(doc, dict):
+        if set(doc) == {"$task"}:
+            return TaskRef(doc["$task"])
+        if set(doc) == {"$map"}:
+            return MapRef(doc["$map"])
+        return {k: output_from_json(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [output_from_json(v) for v in doc]
+    return doc
+
+
+# -- starting and continuing ------------------------------------------------------------
+
+def start(pipe: Pipeline[..., Any], args: Sequence[Any], params: dict[str, Any], *,
+          store: StoreArg = None, executor: object = None, workers: int | None = None,
+          fail_fast: bool | None = None, wait: bool = True, run_id: str | None = None,
+          target: str | None = None, progress: Any = None,
+          cancel_event: threading.Event | None = None, dask_address: str | None = None,
+          graph: Graph | None = None) -> Run:
+    """Validate, record and drive a new run of ``pipe`` (see :meth:`Pipeline.run`).
+
+    ``graph``: the graph already built from these parameters (the CLI builds it
+    to validate before printing the run id), so the body is traced once.
+    """
+    settings = settings_for(store, executor, workers, fail_fast, dask_address=dask_address)
+    values = pipe.bind(*args, **params)
+    if graph is None:
+        graph = pipe.build(**values)          # validation before anything is written
+    ex = make_executor(executor if executor is not None and not isinstance(executor, str)
+                       else settings.executor, settings)
+    st = store_for(settings, store)
+    run_id = run_id or new_run_id()
+    cache = st.cache_lookup(sorted({n.task.name for n in graph if n.task.options.cache}))
+    runner = _runner(graph, st, ex, settings, run_id, None, cache, progress, cancel_event)
+    runner.create(pipeline=pipe.name, target=target or pipe.target(), params=values,
+                  options={"executor": getattr(ex, "name", str(ex)),
+                           "workers": settings.workers,
+                           "output": output_to_json(graph.output)})
+    return _drive(pipe, runner, wait, resumed=False)
+
+
+def continue_run(pipe: Pipeline[..., Any], view: RunView, st: RunStore, *,
+                 settings: Settings, executor: object = None, wait: bool = True,
+                 progress: Any = None, cancel_event: threading.Event | None = None) -> Run:
+    """Take over the run ``view`` (recorded by ``pipe``) and drive it to its end."""
+    graph = pipe.build(**json.loads(view.params))
+    ex = make_executor(executor if executor is not None and not isinstance(executor, str)
+                       else settings.executor, settings)
+    lease: Lease = st.take_over(view.run_id)
+    # re-read: the takeover folded what the old driver left
+    with quiet_gc():
+        prior = st.get_run(view.run_id, upstream=False)
+    cache = st.cache_lookup(sorted({n.task.name for n in graph if n.task.options.cache}),
+                            exclude_run=view.run_id)
+    runner = _runner(graph, st, ex, settings, view.run_id, prior, cache, progress,
+                     cancel_event)
+    runner.take_over(lease)
+    return _drive(pipe, runner, wait, resumed=True)
+
+
+def _runner(graph: Graph, st: RunStore, ex: Executor, settings: Settings, run_id: str,
+            prior: RunView | None, cache: dict[str, Any], progress: Any,
+            cancel_event: threading.Event | None) -> Runner:
+    hook = get_plugin_manager().hook.ledgerflow_task_state_changed
+    return Runner(graph=graph, store=st, executor=ex, settings=settings, run_id=run_id,
+                  prior=prior, cache=cache,
+                  hook_changed=hook if hook.get_hookimpls() else None,
+                  on_change=progress, cancel_event=cancel_event)
+
+
+def _drive(pipe: Pipeline[..., Any], runner: Runner, wait: bool, *, resumed: bool) -> Run:
+    try:
+        get_plugin_manager().hook.ledgerflow_run_start(run_id=runner.run_id,
+                                                       pipeline=pipe.name, resumed=resumed)
+    except Exception:   # observers must never break a run
+        import logging
+        logging.getLogger("ledgerflow").exception("ledgerflow_run_start hook failed")
+    run = Run(runner.run_id, runner.store, graph=runner.graph, runner=runner)
+    return run._start(wait)
+
+
+def refuse_resume(view: RunView) -> None:
+    """Raise NotResumableError if ``view`` cannot be resumed at all."""
+    if view.state == RunState.SUCCEEDED:
+        raise NotResumableError(f"run {view.run_id} already succeeded; nothing to resume",
+                                hint="start a new run with: pipeline run ...")

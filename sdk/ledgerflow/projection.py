@@ -1,0 +1,97 @@
+"""The one definition of "current state": fold journal records into a RunView.
+
+The memory store answers every read with :func:`apply`; the DuckDB store
+applies it to the journal tail it has not folded yet; its SQL fold must give
+the same rows, which the store contract suite checks
+(``ledgerflow.testing.StoreContract``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .records import (
+    AttemptEnded,
+    DriverHeader,
+    Record,
+    ResultRecorded,
+    RunDefined,
+    RunStateChanged,
+    TaskCreated,
+    Transition,
+)
+from .states import RUN_TERMINAL, TERMINAL, TaskState
+from .views import RunView, TaskRow, error_text
+
+_RUNNING = TaskState.RUNNING.value
+_PENDING = TaskState.PENDING.value
+_TERMINAL = frozenset(s.value for s in TERMINAL)
+_RUN_TERMINAL = frozenset(s.value for s in RUN_TERMINAL)
+
+
+def _row(view: RunView, key: str) -> TaskRow:
+    row = view.tasks.get(key)
+    if row is None:
+        row = view.tasks[key] = TaskRow(key)
+    return row
+
+
+def apply(view: RunView, records: Iterable[Record]) -> RunView:
+    """Fold ``records`` into ``view`` (in place) and return it.
+
+    Example:
+        >>> from ledgerflow.records import Transition
+        >>> v = apply(RunView("r"), [Transition(1, "a", 0, None, "pending", "", 1.0)])
+        >>> v.tasks["a"].state
+        'pending'
+    """
+    for rec in records:
+        t = type(rec)
+        if t is Transition:
+            e: Transition = rec  # type: ignore[assignment]
+            row = _row(view, e.task_key)
+            to = e.to_state
+            row.state = to
+            if e.attempt > row.attempts:
+                row.attempts = e.attempt
+            if to == _RUNNING and row.started_at is None:
+                row.started_at = e.ts
+            if to == _PENDING and e.from_state is not None:     # a resume reset
+                row.budget_base = e.attempt
+                row.ended_at = None
+            elif to in _TERMINAL:
+                row.ended_at = e.ts
+            if e.seq > view.max_seq:
+                view.max_seq = e.seq
+        elif t is TaskCreated:
+            c: TaskCreated = rec  # type: ignore[assignment]
+            row = _row(view, c.task_key)
+            row.task_name, row.node, row.item_key = c.task_name, c.node, c.item_key
+            row.position, row.upstream, row.code_version = (
+                c.position, list(c.upstream), c.code_version)
+        elif t is AttemptEnded:
+            a: AttemptEnded = rec  # type: ignore[assignment]
+            row = _row(view, a.task_key)
+            if a.attempt > row.attempts:
+                row.attempts = a.attempt
+            row.error = error_text(a.outcome, a.error_type, a.error_message)
+        elif t is ResultRecorded:
+            r: ResultRecorded = rec  # type: ignore[assignment]
+            row = _row(view, r.task_key)
+            row.fingerprint, row.result_hash, row.result_kind = (
+                r.fingerprint, r.content_hash, r.kind)
+            row.result_data, row.result_uri, row.result_size = r.data, r.uri, r.size
+            row.cached_from, row.result_attempt = r.cached_from, r.attempt
+        elif t is RunStateChanged:
+            s: RunStateChanged = rec  # type: ignore[assignment]
+            view.state, view.reason = s.state, s.reason
+            view.ended_at = s.at if s.state in _RUN_TERMINAL else None
+        elif t is RunDefined:
+            d: RunDefined = rec  # type: ignore[assignment]
+            view.run_id, view.pipeline, view.target = d.run_id, d.pipeline, d.target
+            view.params, view.created_at, view.options = d.params, d.created_at, d.options
+        elif t is DriverHeader:
+            h: DriverHeader = rec  # type: ignore[assignment]
+            view.token = max(view.token, h.token)
+            view.driver_pid, view.driver_host = h.pid, h.host
+    return view

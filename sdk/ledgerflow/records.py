@@ -1,0 +1,206 @@
+"""The journal schema: one typed declaration per record kind, and its encoding.
+
+The runner hands stores *records* in group commits. Each kind is a
+``msgspec.Struct`` encoded as a JSON array whose first element is the kind's
+one-letter tag (``["E", 12, "embed[a.md]", 1, "ready", "running", "", 1.7e9]``),
+so a journal line is one array of such arrays. Field names are the column
+names of the SQL table each kind appends to (:attr:`Record.TABLE`), so a
+store can derive its inserts from these declarations.
+
+Format versions. Version 1 (the first release) wrote the same arrays from
+plain tuples; version 2 adds the trailing ``format`` field of
+:class:`DriverHeader`. A field added later goes at the end of its kind with
+a default, so lines written by an older release still decode. Decoding a
+newer kind or a malformed line raises :class:`msgspec.ValidationError` /
+:class:`msgspec.DecodeError` (callers report it as a damaged journal).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar, Final, Union
+
+import msgspec
+
+#: The record format this release writes (see the module docstring).
+FORMAT_VERSION: Final = 2
+
+
+class Record(msgspec.Struct, array_like=True, gc=False):
+    """Base of every journal record (never written itself)."""
+
+    #: The table whose rows this kind appends (None: it only changes a current state).
+    TABLE: ClassVar[str | None] = None
+    #: True if the table also keeps the fencing token of the writer.
+    TOKENED: ClassVar[bool] = False
+
+
+class RunDefined(Record, tag="D"):
+    """A run was created: what it runs and with which parameters."""
+
+    run_id: str
+    pipeline: str
+    target: str | None
+    params: str
+    created_at: float
+    options: str
+
+
+class DriverHeader(Record, tag="H"):
+    """A driver took the run's lease (creation or takeover)."""
+
+    token: int
+    pid: int
+    host: str
+    at: float
+    format: int = 1
+
+
+class RunStateChanged(Record, tag="S"):
+    """The run moved to ``state``."""
+
+    state: str
+    reason: str
+    at: float
+
+
+class TaskCreated(Record, tag="T"):
+    """A task instance exists (a call, or one child of a fan-out)."""
+
+    task_key: str
+    task_name: str
+    node: str
+    item_key: str | None
+    position: int | None
+    upstream: list[str]
+    code_version: str
+    at: float
+
+
+class Transition(Record, tag="E"):
+    """A task moved from ``from_state`` (None: created) to ``to_state``."""
+
+    TABLE = "events"
+    TOKENED = True
+
+    seq: int
+    task_key: str
+    attempt: int
+    from_state: str | None
+    to_state: str
+    reason: str
+    ts: float
+
+
+class AttemptEnded(Record, tag="A"):
+    """One attempt ended with ``outcome`` (ok, error, timeout, cancelled, lost)."""
+
+    TABLE = "attempts"
+    TOKENED = True
+
+    task_key: str
+    attempt: int
+    outcome: str
+    started_at: float | None
+    ended_at: float | None
+    error_type: str
+    error_message: str
+    traceback: str
+
+
+class ResultRecorded(Record, tag="R"):
+    """A task's result was committed (``cached_from``: reused from that run)."""
+
+    TABLE = "results"
+
+    task_key: str
+    attempt: int
+    fingerprint: str | None
+    content_hash: str
+    kind: str
+    data: str | None
+    uri: str | None
+    size: int
+    cached_from: str | None
+
+
+class ArtifactRecorded(Record, tag="L"):
+    """A task attempt read or wrote an outside artifact (lineage)."""
+
+    TABLE = "artifacts"
+
+    task_key: str
+    attempt: int
+    direction: str
+    uri: str
+    content_hash: str | None
+    attrs: dict[str, str]
+
+
+class Notice(Record, tag="N"):
+    """Something worth telling a user that is not a transition (a late result...)."""
+
+    TABLE = "notices"
+
+    task_key: str | None
+    attempt: int | None
+    kind: str
+    message: str
+    ts: float
+
+
+AnyRecord = Union[RunDefined, DriverHeader, RunStateChanged, TaskCreated, Transition,  # noqa: UP007
+                  AttemptEnded, ResultRecorded, ArtifactRecorded, Notice]
+
+#: Every record kind, by tag.
+KINDS: Final[dict[str, type[Record]]] = {
+    cls.__struct_config__.tag: cls  # type: ignore[misc]
+    for cls in (RunDefined, DriverHeader, RunStateChanged, TaskCreated, Transition,
+                AttemptEnded, ResultRecorded, ArtifactRecorded, Notice)}
+
+#: Kinds that describe the run itself (no task rows needed to apply them).
+RUN_KINDS: Final[tuple[type[Record], ...]] = (RunDefined, DriverHeader, RunStateChanged)
+
+_encoder = msgspec.json.Encoder()
+_line_decoder = msgspec.json.Decoder(list[AnyRecord])
+_record_decoder = msgspec.json.Decoder(AnyRecord)
+
+
+def encode_line(records: Sequence[Record]) -> bytes:
+    """One journal line: the records as a JSON array of arrays, plus a newline."""
+    buf = bytearray()
+    _encoder.encode_into(records, buf)
+    buf += b"\n"
+    return bytes(buf)
+
+
+def decode_line(line: bytes) -> list[AnyRecord]:
+    """The records of one journal line (raises msgspec errors when damaged)."""
+    return _line_decoder.decode(line)
+
+
+def encode(record: Record) -> bytes:
+    """One record as JSON."""
+    return _encoder.encode(record)
+
+
+def decode(data: bytes) -> AnyRecord:
+    """One record from JSON."""
+    return _record_decoder.decode(data)
+
+
+def tag(record: Record) -> str:
+    """The one-letter kind of ``record``."""
+    return record.__struct_config__.tag  # type: ignore[return-value]
+
+
+def columns(kind: type[Record]) -> tuple[str, ...]:
+    """The field names of ``kind``, in their encoded order (after the tag)."""
+    return kind.__struct_fields__
+
+
+def field_types(kind: type[Record]) -> dict[str, Any]:
+    """The annotation of each field of ``kind`` (for stores deriving SQL types)."""
+    import typing
+    hints = typing.get_type_hints(kind)
+    return {name: hints[name] for name in kind.__struct_fields__}

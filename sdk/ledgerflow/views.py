@@ -1,0 +1,187 @@
+"""Read models: a run and its tasks as any process sees them, and their JSON shapes.
+
+:class:`RunView` and :class:`TaskRow` are what stores return and what the
+CLI, the notebook display and the console render. The documents of
+``pipeline status --json`` (:meth:`RunView.as_json`), of attempts, notices
+and lineage rows are built here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .records import ArtifactRecorded, AttemptEnded, Notice
+from .states import FAILED_LIKE, RUN_ACTIVE, TaskState
+
+
+@dataclass(slots=True)
+class TaskRow:
+    """The current state of one task of a run, as stored."""
+
+    key: str
+    task_name: str = ""
+    node: str = ""
+    item_key: str | None = None
+    position: int | None = None
+    upstream: list[str] = field(default_factory=list)
+    code_version: str = ""
+    state: str = TaskState.PENDING.value
+    attempts: int = 0
+    budget_base: int = 0
+    started_at: float | None = None
+    ended_at: float | None = None
+    error: str | None = None
+    fingerprint: str | None = None
+    result_hash: str | None = None
+    result_kind: str | None = None
+    result_data: str | None = None
+    result_uri: str | None = None
+    result_size: int = 0
+    cached_from: str | None = None
+    result_attempt: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        """The shape ``pipeline status --json`` prints for a task."""
+        return {"key": self.key, "task": self.task_name, "state": self.state,
+                "attempts": self.attempts, "started_at": iso(self.started_at),
+                "ended_at": iso(self.ended_at), "error": self.error,
+                "cached": self.cached_from is not None}
+
+
+@dataclass(slots=True)
+class RunView:
+    """A run and its tasks, as any process can read them."""
+
+    run_id: str
+    pipeline: str = ""
+    target: str | None = None
+    params: str = "{}"
+    options: str = "{}"
+    created_at: float = 0.0
+    state: str = "running"
+    reason: str = ""
+    ended_at: float | None = None
+    token: int = 0
+    max_seq: int = 0
+    tasks: dict[str, TaskRow] = field(default_factory=dict)
+    driver_pid: int | None = None
+    driver_host: str | None = None
+    driver_alive: bool | None = None
+    #: Set by listings that read counts without loading task rows.
+    task_counts: dict[str, int] | None = None
+
+    @property
+    def active(self) -> bool:
+        """True while the run may still have a driver (running or cancelling)."""
+        return self.state in RUN_ACTIVE
+
+    def counts(self) -> dict[str, int]:
+        """Number of tasks in each state."""
+        if self.task_counts is not None and not self.tasks:
+            return dict(self.task_counts)
+        out: dict[str, int] = {}
+        for row in self.tasks.values():
+            out[row.state] = out.get(row.state, 0) + 1
+        return out
+
+    def root_causes(self) -> list[TaskRow]:
+        """Tasks that failed by themselves (not ``upstream_failed``), earliest first."""
+        bad = [t for t in self.tasks.values() if t.state == TaskState.FAILED]
+        return sorted(bad, key=lambda t: (t.ended_at or 0.0, t.key))
+
+    def as_json(self) -> dict[str, Any]:
+        """The document ``pipeline status --json`` prints."""
+        return {"run_id": self.run_id, "pipeline": self.pipeline, "state": self.state,
+                "reason": self.reason, "created_at": iso(self.created_at),
+                "ended_at": iso(self.ended_at), "driver_alive": self.driver_alive,
+                "counts": self.counts(),
+                "tasks": [t.as_json() for t in self.tasks.values()]}
+
+    def summary_json(self) -> dict[str, Any]:
+        """The document ``pipeline runs --json`` prints for one run."""
+        return {"run_id": self.run_id, "pipeline": self.pipeline, "state": self.state,
+                "created_at": iso(self.created_at), "ended_at": iso(self.ended_at),
+                "counts": self.counts(), "driver_alive": self.driver_alive}
+
+
+def iso(ts: float | None) -> str | None:
+    """An epoch time as ``2026-12-01T10:58:36.123Z`` (None stays None)."""
+    if ts is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}Z"
+
+
+def error_text(outcome: str, error_type: str, error_message: str) -> str | None:
+    """The one-line error a task row shows for an attempt's outcome (None if ok).
+
+    The DuckDB fold computes the same text in SQL; the store contract keeps
+    them equal.
+    """
+    if outcome == "ok":
+        return None
+    if outcome in ("timeout", "lost", "cancelled"):
+        return f"{outcome}: {error_message}" if error_message else outcome
+    return f"{error_type}: {error_message}" if error_type else error_message
+
+
+def attempt_dict(r: AttemptEnded) -> dict[str, Any]:
+    """An attempt as the CLI's and the API's JSON show it."""
+    return {"task_key": r.task_key, "attempt": r.attempt, "outcome": r.outcome,
+            "started_at": r.started_at, "ended_at": r.ended_at,
+            "error_type": r.error_type, "error_message": r.error_message,
+            "traceback": r.traceback}
+
+
+def notice_dict(r: Notice) -> dict[str, Any]:
+    """A notice as the CLI's and the API's JSON show it."""
+    return {"task_key": r.task_key, "attempt": r.attempt, "kind": r.kind,
+            "message": r.message, "at": r.ts}
+
+
+def lineage_rows(view: RunView, artifacts: Iterable[ArtifactRecorded],
+                 task_key: str | None) -> list[dict[str, Any]]:
+    """Upstream results read, the result produced, and recorded artifacts."""
+    out: list[dict[str, Any]] = []
+    children: dict[str, list[TaskRow]] = {}
+    for row in view.tasks.values():
+        if row.position is not None:
+            children.setdefault(row.node, []).append(row)
+    for row in view.tasks.values():
+        if task_key is not None and row.key != task_key:
+            continue
+        for up in row.upstream:
+            # an upstream fan-out stands for all its children, in item order
+            srcs = [view.tasks[up]] if up in view.tasks else sorted(
+                children.get(up, []), key=lambda r: r.position or 0)
+            for src in srcs:
+                out.append({"task_key": row.key, "attempt": row.result_attempt,
+                            "direction": "input", "uri": f"task:{src.key}",
+                            "content_hash": src.result_hash,
+                            "code_version": row.code_version, "attrs": {}})
+        if row.state == TaskState.SUCCEEDED:
+            out.append({"task_key": row.key, "attempt": row.result_attempt,
+                        "direction": "output", "uri": f"task:{row.key}",
+                        "content_hash": row.result_hash, "code_version": row.code_version,
+                        "attrs": {"cached_from": row.cached_from} if row.cached_from else {}})
+    for r in artifacts:
+        if task_key is None or r.task_key == task_key:
+            made = view.tasks.get(r.task_key)
+            out.append({"task_key": r.task_key, "attempt": r.attempt,
+                        "direction": r.direction, "uri": r.uri,
+                        "content_hash": r.content_hash,
+                        "code_version": made.code_version if made else None,
+                        "attrs": dict(r.attrs or {})})
+    return out
+
+
+def failed_like(state: str) -> bool:
+    """True for failed, cancelled and upstream_failed."""
+    return state in FAILED_LIKE
+
+
+def counts_text(counts: Mapping[str, int]) -> str:
+    """``3 failed, 7 succeeded``: counts by state, sorted by state name."""
+    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))

@@ -1,0 +1,82 @@
+"""The journal schema: every record kind round-trips, and old journals still resume."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import msgspec
+import pytest
+
+import ledgerflow
+from ledgerflow import records
+from ledgerflow.control import load_module
+from ledgerflow.records import (
+    FORMAT_VERSION,
+    KINDS,
+    ArtifactRecorded,
+    AttemptEnded,
+    DriverHeader,
+    Notice,
+    ResultRecorded,
+    RunDefined,
+    RunStateChanged,
+    TaskCreated,
+    Transition,
+)
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "format1"
+
+SAMPLES = [
+    RunDefined("r1", "p", "flow.py:p", '{"n": 1}', 1.5, '{"executor": "inline"}'),
+    DriverHeader(2, 1234, "host", 2.5, FORMAT_VERSION),
+    RunStateChanged("failed", "1 task(s) did not succeed", 3.5),
+    TaskCreated("m[a]", "m", "m", "[a]", 0, ["src", "other"], "v1", 4.5),
+    Transition(7, "m[a]", 1, None, "pending", "", 5.5),
+    AttemptEnded("m[a]", 1, "error", None, 6.5, "ValueError", "bad \u00e9\n", "Traceback"),
+    ResultRecorded("m[a]", 1, "fp", "hash", "json", "[1, 2]", None, 6, "old-run"),
+    ArtifactRecorded("m[a]", 1, "output", "file:///x?y=1", None, {"rows": "3"}),
+    Notice(None, None, "stale_driver_rejected", "rejected 3 record(s)", 7.5),
+]
+
+
+def test_every_kind_has_a_sample() -> None:
+    assert {records.tag(s) for s in SAMPLES} == set(KINDS)
+
+
+@pytest.mark.parametrize("record", SAMPLES, ids=[records.tag(s) for s in SAMPLES])
+def test_each_kind_encodes_and_decodes(record: records.Record) -> None:
+    data = records.encode(record)
+    assert data.startswith(b'["' + records.tag(record).encode() + b'",')
+    assert records.decode(data) == record
+    assert records.decode_line(records.encode_line([record, record])) == [record, record]
+
+
+def test_an_old_header_without_a_format_decodes_as_format_1() -> None:
+    (h,) = records.decode_line(b'[["H",1,13255,"vm",1796124613.2882085]]')
+    assert isinstance(h, DriverHeader) and h.format == 1
+
+
+@pytest.mark.parametrize("line", [b'[["Q",1]]', b'[["E",1,"a"]]', b'[["E","x"', b"garbage"])
+def test_damaged_lines_are_refused(line: bytes) -> None:
+    with pytest.raises((msgspec.ValidationError, msgspec.DecodeError)):
+        records.decode_line(line)
+
+
+def test_a_journal_written_by_the_previous_release_is_read_and_resumed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fixture: ledgerflow 0.1.0 (format 1) killed while ``square[3]`` ran."""
+    shutil.copytree(FIXTURE / "ledger.duckdb.d", tmp_path / "ledger.duckdb.d")
+    store = str(tmp_path / "ledger.duckdb")
+    monkeypatch.setenv("FORMAT1_MARKS", str(tmp_path))
+    (tmp_path / "killed").write_text("yes")
+    (run_id,) = [v.run_id for v in ledgerflow.runs(store=store)]
+    before = ledgerflow.get_run(run_id, store=store).status()
+    assert before.pipeline == "squares" and before.tasks["numbers"].state == "succeeded"
+    flow = load_module(FIXTURE / "flow.py")
+    run = ledgerflow.resume(run_id, store=store, executor="inline", pipeline=flow.squares)
+    assert run.state == "succeeded"
+    assert run.result() == sum(x * x for x in range(6))
+    view = ledgerflow.get_run(run_id, store=store).status()
+    assert view.tasks["numbers"].attempts == 1       # its success was kept, not redone
+    assert sorted(view.tasks) == ["numbers", *(f"square[{i}]" for i in range(6)), "total"]
