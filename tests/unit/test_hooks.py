@@ -18,7 +18,7 @@ def one(i: int) -> int:
 @pipeline
 def chain(n: int = 5):
     x = one(0)
-    for i in range(1, n):
+    for _ in range(1, n):
         x = one(x)
     return x
 
