@@ -77,8 +77,64 @@ def peak_rss_child(shape: str, n: int, store: str) -> None:
                if line.startswith("VmHWM:")))
 
 
+def _env() -> dict[str, str]:
+    """The environment of child processes: this checkout first on the path."""
+    path = [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+
+
+def _first_release() -> bool:
+    """True when measuring the first release (tuple records), for before/after runs."""
+    import ledgerflow.store
+    return hasattr(ledgerflow.store, "RECORD_KINDS")
+
+
+def _task_records(key: str, seq: int, now: float) -> list[Any]:
+    """The records one trivial task writes, in this release's format."""
+    if _first_release():     # plain tuples
+        return [("T", key, "noop", key, None, None, [], "v1", now),
+                ("E", seq, key, 0, None, "pending", "", now),
+                ("E", seq + 1, key, 0, "pending", "ready", "", now),
+                ("E", seq + 2, key, 1, "ready", "running", "attempt 1", now),
+                ("A", key, 1, "ok", now, now, "", "", ""),
+                ("R", key, 1, "f" * 32, "h" * 32, "json", "1", None, 1, None),
+                ("E", seq + 3, key, 1, "running", "succeeded", "", now)]
+    from ledgerflow.records import AttemptEnded, ResultRecorded, TaskCreated, Transition
+    return [TaskCreated(key, "noop", key, None, None, [], "v1", now),
+            Transition(seq, key, 0, None, "pending", "", now),
+            Transition(seq + 1, key, 0, "pending", "ready", "", now),
+            Transition(seq + 2, key, 1, "ready", "running", "attempt 1", now),
+            AttemptEnded(key, 1, "ok", now, now, "", "", ""),
+            ResultRecorded(key, 1, "f" * 32, "h" * 32, "json", "1", None, 1, None),
+            Transition(seq + 3, key, 1, "running", "succeeded", "", now)]
+
+
+def journal_append_us(folder: Path, n: int = 10_000) -> float:
+    """Encoding and appending one task's records to the DuckDB store's journal, per task
+    (one commit per task: the worst case, what an inline chain does)."""
+    from ledgerflow.config import Settings
+    from ledgerflow.plugins import get_plugin_manager
+    st = get_plugin_manager().hook.ledgerflow_make_store(
+        name="duckdb", settings=Settings(store=str(folder / "append.duckdb")))
+    now = time.time()
+    head: list[Any]
+    if _first_release():
+        head = [("D", "r", "p", None, "{}", now, "{}"), ("S", "running", "", now)]
+    else:
+        from ledgerflow.records import RunDefined, RunStateChanged
+        head = [RunDefined("r", "p", None, "{}", now, "{}"), RunStateChanged("running", "", now)]
+    lease = st.create_run("r", head)
+    batches = [_task_records(f"noop-{i}", 4 * i + 1, now) for i in range(n)]
+    t = time.perf_counter()
+    for records in batches:
+        st.append(lease, records)
+    dt = time.perf_counter() - t
+    st.release(lease)
+    return dt / n * 1e6
+
+
 def peak_rss_kib(shape: str, n: int, store: str) -> int:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = _env()
     out = subprocess.run([sys.executable, "-m", "tests.perf", "--rss-child", shape, str(n),
                           store], check=True, env=env, capture_output=True, text=True).stdout
     return int(out.split()[-1])
@@ -131,6 +187,8 @@ def main() -> None:
                 add(f"{shape} {n} duckdb {executor} per task (x{us / mem:.1f} memory)", us,
                     "us", f"<= {limit}")
                 seconds.setdefault(f"{shape} duckdb {executor}", []).append((n, us * n / 1e6))
+    add("journal append (encode + write), one task's 7 records a commit", journal_append_us(tmp),
+        "us", "-")
     # linear growth: the slope of a least-squares line through the run times
     for name, points in seconds.items():
         per, fixed = slope(points)
@@ -159,7 +217,7 @@ def main() -> None:
                 [run_id, last])
     con.execute("UPDATE runs SET state = 'failed' WHERE run_id = ?", [run_id])
     con.close()
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = _env()
     target = f"{Path(__file__).resolve()}:chain"
     t = time.perf_counter()
     ledgerflow.plan_resume(run_id, store=store)
