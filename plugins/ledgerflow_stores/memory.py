@@ -14,11 +14,18 @@ from ledgerflow import hookimpl
 from ledgerflow.config import Settings
 from ledgerflow.errors import LeaseLostError, NotResumableError, RunNotFoundError
 from ledgerflow.projection import apply
-from ledgerflow.records import RUN_KINDS, ArtifactRecorded, AttemptEnded, Notice, Record
+from ledgerflow.records import (
+    RUN_KINDS,
+    ArtifactRecorded,
+    AttemptEnded,
+    LogRecorded,
+    Notice,
+    Record,
+)
 from ledgerflow.results import Encoded, decode
 from ledgerflow.states import TaskState
 from ledgerflow.store import CacheHit, Lease
-from ledgerflow.views import RunView, attempt_dict, lineage_rows, notice_dict
+from ledgerflow.views import RunView, attempt_dict, lineage_rows, log_dict, notice_dict
 
 R = TypeVar("R", bound=Record)
 
@@ -146,6 +153,15 @@ class MemoryStore:
     def lineage(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
         view = self.get_run(run_id)
         return lineage_rows(view, self._rows(run_id, ArtifactRecorded), task_key)
+
+    def logs(self, run_id: str, task_key: str | None = None,
+             attempt: int | None = None) -> list[dict[str, Any]]:
+        return [log_dict(r) for r in self._rows(run_id, LogRecorded)
+                if (task_key is None or r.task_key == task_key)
+                and (attempt is None or r.attempt == attempt)]
+
+    def blob_exists(self, uri: str) -> bool:
+        return uri in self._blobs
 
     def notices(self, run_id: str) -> list[dict[str, Any]]:
         return [notice_dict(r) for r in self._rows(run_id, Notice)]

@@ -9,7 +9,8 @@ and exits with ``exc.exit_code``::
     ├─ InputError ─ ParameterBindError ─ MissingInputError
     ├─ TaskFailedError      (__cause__ = the user's exception)
     ├─ RunError ─ RunNotFoundError, NotResumableError, RunFailedError, LeaseLostError
-    ├─ StoreError ─ StoreLockedError, SchemaVersionError, NotALedgerError
+    ├─ StoreError ─ StoreLockedError, SchemaVersionError, NotALedgerError,
+    │               DamagedLedgerError, JournalDamagedError
     ├─ PluginError, ConfigError
     └─ InvalidTransitionError   (internal invariant: a bug, please report it)
 
@@ -123,6 +124,18 @@ class NotALedgerError(StoreError):
     """The file is not a ledgerflow ledger."""
 
     default_hint = "pass --store PATH pointing at a ledger (or a new file)"
+
+
+class DamagedLedgerError(StoreError):
+    """The ledger file cannot be read (truncated, corrupt, unwritable parts)."""
+
+    default_hint = "pipeline doctor explains it; pipeline repair rebuilds it from the journals"
+
+
+class JournalDamagedError(StoreError):
+    """A run's journal is damaged before the run's first record."""
+
+    default_hint = "pipeline doctor explains it; pipeline repair rebuilds the ledger"
 
 
 class PluginError(PipelineError):

@@ -149,14 +149,30 @@ class Notice(Record, tag="N"):
     ts: float
 
 
+class LogRecorded(Record, tag="G"):
+    """What one attempt wrote (stdout, stderr and ``logging``), capped head and tail.
+
+    ``dropped`` is how many bytes were cut from the middle.
+    """
+
+    TABLE = "logs"
+    TOKENED = True
+
+    task_key: str
+    attempt: int
+    stream: str
+    text: str
+    dropped: int
+
+
 AnyRecord = Union[RunDefined, DriverHeader, RunStateChanged, TaskCreated, Transition,  # noqa: UP007
-                  AttemptEnded, ResultRecorded, ArtifactRecorded, Notice]
+                  AttemptEnded, ResultRecorded, ArtifactRecorded, Notice, LogRecorded]
 
 #: Every record kind, by tag.
 KINDS: Final[dict[str, type[Record]]] = {
     cls.__struct_config__.tag: cls  # type: ignore[misc]
     for cls in (RunDefined, DriverHeader, RunStateChanged, TaskCreated, Transition,
-                AttemptEnded, ResultRecorded, ArtifactRecorded, Notice)}
+                AttemptEnded, ResultRecorded, ArtifactRecorded, Notice, LogRecorded)}
 
 #: Kinds that describe the run itself (no task rows needed to apply them).
 RUN_KINDS: Final[tuple[type[Record], ...]] = (RunDefined, DriverHeader, RunStateChanged)

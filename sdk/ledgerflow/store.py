@@ -84,5 +84,12 @@ class RunStore(Protocol):
     def attempts(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
         """One row per finished attempt."""
 
+    def logs(self, run_id: str, task_key: str | None = None,
+             attempt: int | None = None) -> list[dict[str, Any]]:
+        """What attempts wrote (stdout, stderr, logging), one row per attempt."""
+
+    def blob_exists(self, uri: str) -> bool:
+        """True if the result file behind ``uri`` is still there."""
+
     def close(self) -> None:
         """Release files and connections."""

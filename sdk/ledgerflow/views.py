@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .records import ArtifactRecorded, AttemptEnded, Notice
+from .records import ArtifactRecorded, AttemptEnded, LogRecorded, Notice
 from .states import FAILED_LIKE, RUN_ACTIVE, TaskState
 
 
@@ -72,6 +72,8 @@ class RunView:
     driver_alive: bool | None = None
     #: Set by listings that read counts without loading task rows.
     task_counts: dict[str, int] | None = None
+    #: Set when a journal of the run is damaged: where, and what is not applied.
+    damage: str | None = None
 
     @property
     def active(self) -> bool:
@@ -97,14 +99,15 @@ class RunView:
         return {"run_id": self.run_id, "pipeline": self.pipeline, "state": self.state,
                 "reason": self.reason, "created_at": iso(self.created_at),
                 "ended_at": iso(self.ended_at), "driver_alive": self.driver_alive,
-                "counts": self.counts(),
+                "damage": self.damage, "counts": self.counts(),
                 "tasks": [t.as_json() for t in self.tasks.values()]}
 
     def summary_json(self) -> dict[str, Any]:
         """The document ``pipeline runs --json`` prints for one run."""
         return {"run_id": self.run_id, "pipeline": self.pipeline, "state": self.state,
                 "created_at": iso(self.created_at), "ended_at": iso(self.ended_at),
-                "counts": self.counts(), "driver_alive": self.driver_alive}
+                "counts": self.counts(), "driver_alive": self.driver_alive,
+                "damage": self.damage}
 
 
 def iso(ts: float | None) -> str | None:
@@ -133,6 +136,12 @@ def attempt_dict(r: AttemptEnded) -> dict[str, Any]:
             "started_at": r.started_at, "ended_at": r.ended_at,
             "error_type": r.error_type, "error_message": r.error_message,
             "traceback": r.traceback}
+
+
+def log_dict(r: LogRecorded) -> dict[str, Any]:
+    """An attempt's output as ``pipeline logs --json`` shows it."""
+    return {"task_key": r.task_key, "attempt": r.attempt, "stream": r.stream,
+            "text": r.text, "dropped": r.dropped}
 
 
 def notice_dict(r: Notice) -> dict[str, Any]:

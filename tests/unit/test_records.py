@@ -17,6 +17,7 @@ from ledgerflow.records import (
     ArtifactRecorded,
     AttemptEnded,
     DriverHeader,
+    LogRecorded,
     Notice,
     ResultRecorded,
     RunDefined,
@@ -37,6 +38,7 @@ SAMPLES = [
     ResultRecorded("m[a]", 1, "fp", "hash", "json", "[1, 2]", None, 6, "old-run"),
     ArtifactRecorded("m[a]", 1, "output", "file:///x?y=1", None, {"rows": "3"}),
     Notice(None, None, "stale_driver_rejected", "rejected 3 record(s)", 7.5),
+    LogRecorded("m[a]", 1, "output", "hello\n\tworld \u2603\n", 120),
 ]
 
 

@@ -109,7 +109,8 @@ class Ledger:
                                 timeout=self.lock_timeout if timeout is None else timeout,
                                 what=f"ledger {self.location}")
             try:
-                yield con
+                # a file with no tables yet (killed while it was created) holds nothing
+                yield None if not write and self.version == 0 else con
             finally:
                 con.close()
 

@@ -30,9 +30,7 @@ import duckdb
 from ledgerflow.errors import StoreLockedError
 from ledgerflow.records import (
     KINDS,
-    ArtifactRecorded,
     AttemptEnded,
-    Notice,
     Record,
     ResultRecorded,
     TaskCreated,
@@ -42,7 +40,7 @@ from ledgerflow.records import (
 )
 from ledgerflow.states import RUN_TERMINAL, TERMINAL
 
-from .journal import Journals, iter_lines
+from .journal import Damage, Journals, check_line, iter_lines, unframe
 
 log = logging.getLogger("ledgerflow")
 
@@ -212,8 +210,8 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> Non
                     "(SELECT max(seq) FROM lf_e)) WHERE run_id = ?", [run_id])
     if staged:
         con.execute(_task_update(staged), [run_id])
-    for kind in (ArtifactRecorded, Notice):
-        if kind.__struct_config__.tag in kinds:
+    for tag, kind in KINDS.items():     # the other kinds that append rows
+        if kind.TABLE and tag in kinds and tag not in _STAGED:
             con.execute(_append_sql(kind, f"({stage_sql(kind)})"),
                         [run_id, token] if kind.TOKENED else [run_id])
     for _, state, reason, at in [r for r in small if r[0] == "S"][-1:]:
@@ -271,39 +269,102 @@ class Fold:
         budget = max_bytes
         folded = dict(con.execute('SELECT token, "offset" FROM journal_folds WHERE run_id = ?',
                                   [run_id]).fetchall())
+        damaged = {t for (t,) in con.execute(
+            "SELECT token FROM journal_damage WHERE run_id = ?", [run_id]).fetchall()}
         row = con.execute("SELECT token FROM runs WHERE run_id = ?", [run_id]).fetchall()
         current = max([(row[0][0] or 0) if row else 0, *(t for t, _ in segs)])
         for token, path in segs:
+            if token in damaged:
+                continue        # used up to its damage; the rest is never applied
             start = folded.get(token, 0)
             stale = token < current and token in folded
             for body, end in iter_lines(path, start, self.policy.batch_bytes):
-                self._batch(con, run_id, token, stale, body, end)
+                if self._batch(con, run_id, token, stale, path, body, end):
+                    break
                 if budget is not None:
                     budget -= len(body)
                     if budget <= 0:
                         return True
         return False
 
-    def _batch(self, con: Any, run_id: str, token: int, stale: bool, body: bytes,
-               end: int) -> None:
-        """One batch of journal lines and its journal offset, in one transaction."""
+    def _batch(self, con: Any, run_id: str, token: int, stale: bool, path: Path,
+               body: bytes, end: int) -> Damage | None:
+        """One batch of journal lines and its journal offset, in one transaction.
+
+        Folds the lines up to any damage and records the damage (returned).
+        """
+        clean, good_end, damage = _verified(path, body, end)
         con.execute("BEGIN")
         try:
             if stale:   # what a superseded driver wrote after the takeover
-                count = sum(len(json.loads(line)) for line in body.split(b"\n") if line)
+                count = sum(len(json.loads(line)) for line in clean.split(b"\n") if line)
                 con.execute("INSERT INTO notices VALUES (?, NULL, NULL, ?, ?, ?)",
                             [run_id, "stale_driver_rejected",
                              f"rejected {count} record(s) written under superseded "
                              f"token {token}", time.time()])
-            else:
-                insert(con, run_id, token, body,
-                       self.scratch / f"fold-{os.getpid()}-{threading.get_ident()}.json")
+            elif clean:
+                insert(con, run_id, token, clean, self._scratch())
+        except (duckdb.InvalidInputException, duckdb.ConversionException,
+                duckdb.BinderException) as exc:
+            con.execute("ROLLBACK")
+            # lines without a checksum (the first release's) that DuckDB cannot read:
+            # find the first bad one and fold what comes before it
+            clean, good_end, damage = _decoded(path, clean, end - len(body) - 1, str(exc))
+            con.execute("BEGIN")
+            try:
+                if clean:
+                    insert(con, run_id, token, clean, self._scratch())
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        try:
             con.execute("INSERT OR REPLACE INTO journal_folds VALUES (?, ?, ?)",
-                        [run_id, token, end])
+                        [run_id, token, good_end])
+            if damage is not None:
+                con.execute("INSERT INTO journal_damage VALUES (?, ?, ?, ?, ?)",
+                            [run_id, token, damage.offset, damage.reason, time.time()])
+                log.warning("run %s: %s; the records after it are not applied",
+                            run_id, damage.describe())
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
             raise
+        return damage
+
+    def _scratch(self) -> Path:
+        return self.scratch / f"fold-{os.getpid()}-{threading.get_ident()}.json"
+
+
+def _verified(path: Path, body: bytes, end: int) -> tuple[bytes, int, Damage | None]:
+    """The JSON of ``body``'s lines up to the first that fails its checksum."""
+    out = []
+    pos = end - len(body) - 1
+    for line in body.split(b"\n"):
+        if line:
+            data = unframe(line)
+            if data is None:
+                return b"\n".join(out), pos, Damage(path, pos, "checksum mismatch")
+            out.append(data)
+        pos += len(line) + 1
+    return b"\n".join(out), end, None
+
+
+def _decoded(path: Path, clean: bytes, start: int,
+             why: str) -> tuple[bytes, int, Damage | None]:
+    """Like :func:`_verified`, finding the first line that does not decode."""
+    out = []
+    pos = start
+    for line in clean.split(b"\n"):
+        if line:
+            _, _, bad = check_line(line)
+            if bad:
+                return b"\n".join(out), pos, Damage(path, pos, bad)
+            out.append(line)
+        pos += len(line) + 1
+    raise RuntimeError(f"the fold failed on journal lines that all decode: {why}")
 
 
 class BackgroundFold:

@@ -1,20 +1,78 @@
 """Journal segments: the per-run, per-token files every group commit is appended to.
 
 ``<ledger>.d/journals/<run>.<token>.jsonl``: one line per group commit, a
-JSON array of records (:mod:`ledgerflow.records`). The append of a line is
-the durability point of a commit (``sync="full"`` adds an ``fsync``); a torn
-last line (a crash mid-``write``) is never read. A takeover starts a new
+JSON array of records (:mod:`ledgerflow.records`) followed by a tab and the
+line's CRC-32 (lines of the first release carry none). The append of a line
+is the durability point of a commit (``sync="full"`` adds an ``fsync``); a
+torn last line (a crash mid-``write``) is never read. A takeover starts a new
 segment with a higher token, so bytes a superseded driver still writes go to
 a segment no reader applies.
+
+The journals are the source of truth: once a finished run is folded, its
+segments are archived as ``.jsonl.gz`` (``pipeline repair`` rebuilds the
+tables from them). A line that fails its checksum or does not decode is
+*damage*: readers use a segment up to it and report where it is.
 """
 
 from __future__ import annotations
 
+import gzip
 import os
+import zlib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 from ledgerflow.records import AnyRecord, Record, decode_line, encode_line
+
+_TAB = b"\t"
+
+
+@dataclass(frozen=True, slots=True)
+class Damage:
+    """Where a journal segment stops being readable, and why."""
+
+    path: Path
+    offset: int
+    reason: str
+
+    def describe(self) -> str:
+        return f"journal {self.path.name} is damaged at byte {self.offset}: {self.reason}"
+
+
+def frame(records: Sequence[Record]) -> bytes:
+    """One journal line: the records' JSON, a tab, its CRC-32 in hex, a newline."""
+    body = encode_line(records)[:-1]
+    return body + b"\t%08x\n" % zlib.crc32(body)
+
+
+def unframe(line: bytes) -> bytes | None:
+    """The JSON of one line (without newline), or None if its checksum fails.
+
+    A line without a checksum (format 1) is returned as it is.
+    """
+    cut = line.rfind(_TAB)
+    if cut < 0 or len(line) - cut != 9:
+        return line
+    body = line[:cut]
+    try:
+        ok = int(line[cut + 1:], 16) == zlib.crc32(body)
+    except ValueError:
+        return None
+    return body if ok else None
+
+
+def check_line(line: bytes) -> tuple[bytes | None, list[AnyRecord], str]:
+    """Decode one line: (its JSON, its records, "") or (None, [], why it is damaged)."""
+    body = unframe(line)
+    if body is None:
+        return None, [], "checksum mismatch"
+    try:
+        return body, decode_line(body), ""
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return None, [], f"not a journal line ({exc})"
 
 
 class Journals:
@@ -29,28 +87,42 @@ class Journals:
         return self.folder / f"{run_id}.{token}.jsonl"
 
     def segments(self, run_id: str) -> list[tuple[int, Path]]:
-        """``(token, path)`` of every segment of ``run_id``, oldest first."""
+        """``(token, path)`` of the live (not archived) segments of ``run_id``."""
+        return self._glob(f"{run_id}.*.jsonl", run_id)
+
+    def archived(self, run_id: str) -> list[tuple[int, Path]]:
+        """``(token, path)`` of the archived segments of ``run_id``."""
+        return self._glob(f"{run_id}.*.jsonl.gz", run_id)
+
+    def _glob(self, pattern: str, run_id: str) -> list[tuple[int, Path]]:
         out = []
         if self.folder.is_dir():
-            for f in self.folder.glob(f"{run_id}.*.jsonl"):
-                try:
-                    out.append((int(f.name[len(run_id) + 1:-6]), f))
-                except ValueError:
-                    continue
+            for f in self.folder.glob(pattern):
+                token = f.name[len(run_id) + 1:].split(".", 1)[0]
+                if token.isdigit():
+                    out.append((int(token), f))
         return sorted(out)
 
     def runs(self) -> set[str]:
-        """Run ids that have a journal in the folder."""
+        """Run ids that have a live journal segment."""
         if not self.folder.is_dir():
             return set()
         return {f.name.rsplit(".", 2)[0] for f in self.folder.glob("*.jsonl")}
 
+    def all_runs(self) -> set[str]:
+        """Run ids with any segment, archived ones included."""
+        if not self.folder.is_dir():
+            return set()
+        return {f.name.split(".", 1)[0] for f in self.folder.iterdir()
+                if f.name.endswith((".jsonl", ".jsonl.gz"))}
+
     # -- writing -------------------------------------------------------------------------
-    def start(self, run_id: str, token: int) -> None:
+    def start(self, run_id: str, token: int) -> int:
         """Open (create) the segment this process appends ``run_id``'s commits to."""
         self.folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path(run_id, token), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._open[run_id] = (token, fd)
+        return fd
 
     def token(self, run_id: str) -> int | None:
         """The token of the segment this process writes for ``run_id`` (None: none)."""
@@ -59,7 +131,7 @@ class Journals:
 
     def append(self, run_id: str, records: Sequence[Record]) -> int:
         """Write one group commit as one line; return its size in bytes."""
-        data = encode_line(records)
+        data = frame(records)
         fd = self._open[run_id][1]
         os.write(fd, data)
         if self.sync == "full":
@@ -77,8 +149,15 @@ class Journals:
     def open_runs(self) -> list[tuple[str, int]]:
         return [(run_id, token) for run_id, (token, _) in self._open.items()]
 
-    def delete(self, run_id: str) -> None:
+    def archive(self, run_id: str) -> None:
+        """Compress the live segments of a finished, folded run (atomically each)."""
         for _, seg in self.segments(run_id):
+            gz = seg.with_name(seg.name + ".gz")
+            tmp = seg.with_name(seg.name + f".gz.{os.getpid()}.tmp")
+            with open(seg, "rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
+                while chunk := src.read(1 << 20):
+                    dst.write(chunk)
+            os.replace(tmp, gz)
             seg.unlink(missing_ok=True)
 
 
@@ -86,7 +165,7 @@ def iter_lines(path: Path, start: int, limit: int) -> Iterator[tuple[bytes, int]
     """Yield runs of complete lines (about ``limit`` bytes each, 0: all; without the
     last newline) and the offset after them; a torn last line is left out."""
     try:
-        fh = open(path, "rb")
+        fh = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
     except FileNotFoundError:
         return
     with fh:
@@ -108,13 +187,23 @@ def iter_lines(path: Path, start: int, limit: int) -> Iterator[tuple[bytes, int]
             del data
 
 
-def read_records(path: Path, start: int) -> tuple[list[AnyRecord], int]:
-    """The records of the complete lines of ``path`` from byte ``start``, and the end."""
+def read_records(path: Path, start: int) -> tuple[list[AnyRecord], int, Damage | None]:
+    """The records of the complete lines of ``path`` from byte ``start``.
+
+    Returns the records, the offset after the last good line, and the damage
+    that stopped the reading (None: the segment is whole).
+    """
     records: list[AnyRecord] = []
     end = start
     for body, offset in iter_lines(path, start, 0):
+        pos = offset - len(body) - 1
         for line in body.split(b"\n"):
             if line:
-                records.extend(decode_line(line))
+                _, recs, why = check_line(line)
+                if why:
+                    return records, pos, Damage(path, pos, why)
+                records.extend(recs)
+            pos += len(line) + 1
+            end = pos
         end = offset
-    return records, end
+    return records, end, None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ledgerflow.records import ArtifactRecorded, AttemptEnded, Notice, Record
+from ledgerflow.records import ArtifactRecorded, AttemptEnded, LogRecorded, Notice, Record
 from ledgerflow.store import CacheHit
 from ledgerflow.views import RunView, TaskRow
 
@@ -56,6 +56,16 @@ def load_run(con: Any, run_id: str, *, tasks: bool = True,
                                r[8] or 0, r[9] or 0, r[10], r[11], r[12], r[13], r[14],
                                r[15], r[16], r[17], r[18] or 0, r[19], r[20] or 0)
     return view
+
+
+def damage(con: Any, run_id: str) -> list[str]:
+    """What the fold found damaged in the run's journals, in plain words."""
+    if con is None:
+        return []
+    return [f"journal {run_id}.{token}.jsonl is damaged at byte {offset}: {reason}"
+            for token, offset, reason in con.execute(
+                'SELECT token, "offset", reason FROM journal_damage WHERE run_id = ? '
+                "ORDER BY token", [run_id]).fetchall()]
 
 
 def has_run(con: Any, run_id: str) -> bool:
@@ -110,6 +120,8 @@ _RECORD_SQL: dict[type[Record], str] = {
                       "FROM artifacts WHERE run_id = ? ORDER BY rowid",
     Notice: "SELECT task_key, attempt, kind, message, ts FROM notices "
             "WHERE run_id = ? ORDER BY rowid",
+    LogRecorded: "SELECT task_key, attempt, stream, text, dropped FROM logs "
+                 "WHERE run_id = ? ORDER BY rowid",
 }
 
 

@@ -14,7 +14,7 @@ import duckdb
 
 from ledgerflow.errors import NotALedgerError, SchemaVersionError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 MIGRATIONS: list[tuple[int, list[str]]] = [
     (1, [
@@ -59,6 +59,14 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             SELECT a.run_id, a.task_key, a.attempt, a.direction, a.uri, a.content_hash,
                    t.code_version, a.attrs
             FROM artifacts a LEFT JOIN tasks t USING (run_id, task_key)""",
+    ]),
+    (2, [
+        # where a journal segment stops being readable (its records after it are dropped)
+        """CREATE TABLE journal_damage(run_id VARCHAR, token INTEGER, "offset" BIGINT,
+            reason VARCHAR, ts DOUBLE)""",
+        # per-attempt output of tasks (stdout, stderr, logging), capped
+        """CREATE TABLE logs(run_id VARCHAR, task_key VARCHAR, attempt INTEGER,
+            stream VARCHAR, text VARCHAR, dropped BIGINT, token INTEGER)""",
     ]),
 ]
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ledgerflow.errors import (
+    JournalDamagedError,
     LeaseLostError,
     NotResumableError,
     RunNotFoundError,
@@ -33,6 +34,7 @@ from ledgerflow.records import (
     AnyRecord,
     ArtifactRecorded,
     AttemptEnded,
+    LogRecorded,
     Notice,
     Record,
     RunDefined,
@@ -40,7 +42,7 @@ from ledgerflow.records import (
 from ledgerflow.results import Encoded
 from ledgerflow.states import RUN_ACTIVE
 from ledgerflow.store import CacheHit, Lease
-from ledgerflow.views import RunView, attempt_dict, lineage_rows, notice_dict
+from ledgerflow.views import RunView, attempt_dict, lineage_rows, log_dict, notice_dict
 
 from . import queries
 from .blobs import Blobs
@@ -148,7 +150,7 @@ class DuckDBStore:
             self.leases.remove(lease.run_id, lease.token)
             return
         try:
-            self.fold_run(lease.run_id, delete_finished=True)
+            self.fold_run(lease.run_id, archive_finished=True)
         except StoreLockedError:
             pass   # readers add the tail; the next writer folds it
         self.leases.remove(lease.run_id, lease.token)
@@ -159,12 +161,12 @@ class DuckDBStore:
             return self.folds.run(con, run_id, max_bytes=max_bytes)
 
     def fold_run(self, run_id: str, *, max_bytes: int | None = None,
-                 delete_finished: bool = False) -> bool:
+                 archive_finished: bool = False) -> bool:
         """Fold ``run_id``'s journal now, in bites of ``policy.bite_bytes``.
 
         With ``max_bytes``, stop after about that much and return True if more
-        is left. With ``delete_finished``, a finished, fully folded run's
-        journal is deleted.
+        is left. With ``archive_finished``, a finished, fully folded run's
+        journal is archived (compressed).
         """
         budget = max_bytes
         while True:
@@ -180,12 +182,12 @@ class DuckDBStore:
                         if budget <= 0:
                             return True
                     continue
-                if delete_finished:
+                if archive_finished:
                     state = con.execute("SELECT state FROM runs WHERE run_id = ?",
                                         [run_id]).fetchall()
                     if state and state[0][0] in RUN_TERMINAL_VALUES:
-                        # fully folded and finished: the journal has served its purpose
-                        self.journals.delete(run_id)
+                        # fully folded and finished: compressed, kept for repair
+                        self.journals.archive(run_id)
                 return False
 
     def fold(self) -> None:
@@ -200,40 +202,55 @@ class DuckDBStore:
     def read_blob(self, kind: str, data: str | None, uri: str | None) -> Any:
         return self.blobs.read(kind, data, uri)
 
+    def blob_exists(self, uri: str) -> bool:
+        return self.blobs.path(uri).exists()
+
     def result_path(self, uri: str) -> str:
         """The file behind a result URI (Parquet for tables: ``read_parquet`` it)."""
         return str(self.blobs.path(uri))
 
     # -- reading -------------------------------------------------------------------------
-    def _tail(self, run_id: str, folded: queries.Folded) -> list[AnyRecord]:
-        """The records of ``run_id`` not folded yet (a superseded driver's are left out)."""
+    def _tail(self, con: Any, run_id: str) -> tuple[list[AnyRecord], list[str]]:
+        """The records of ``run_id`` not folded yet (a superseded driver's are left out),
+        and what is damaged (folded damage included)."""
+        damage = queries.damage(con, run_id)
         segs = self.journals.segments(run_id)
         if not segs:
-            return []
+            return [], damage
+        folded = queries.folded_offsets(con, run_id)
         current = max(t for t, _ in segs)
         records: list[AnyRecord] = []
         for token, path in segs:
             if token < current and token in folded:
                 continue  # what an old driver wrote after the takeover is not applied
-            more, _ = read_records(path, folded.get(token, 0))
+            if any(d.startswith(f"journal {path.name} ") for d in damage):
+                continue  # used up to its damage by the fold already
+            more, _, bad = read_records(path, folded.get(token, 0))
             records.extend(more)
-        return records
+            if bad is not None:
+                damage.append(bad.describe())
+        return records, damage
 
     def get_run(self, run_id: str, *, tasks: bool = True, upstream: bool = True) -> RunView:
         with self.ledger.connect(False) as con:
             view = queries.load_run(con, run_id, tasks=tasks, upstream=upstream)
-            tail = self._tail(run_id, queries.folded_offsets(con, run_id))
-        return self._view(run_id, view, tail, tasks)
+            tail, damage = self._tail(con, run_id)
+        return self._view(run_id, view, tail, damage, tasks)
 
     def _view(self, run_id: str, view: RunView | None, tail: list[AnyRecord],
-              tasks: bool = True) -> RunView:
+              damage: list[str], tasks: bool = True) -> RunView:
         if not tasks:
             tail = [r for r in tail if isinstance(r, RUN_KINDS)]
         if view is None:
             if not any(isinstance(r, RunDefined) for r in tail):
+                if damage:
+                    raise JournalDamagedError(
+                        f"run {run_id} cannot be read: {damage[0]}",
+                        hint="pipeline doctor explains it; pipeline repair rebuilds the ledger")
                 raise RunNotFoundError(f"no run {run_id!r} in {self.location}")
             view = RunView(run_id)
         apply(view, tail)
+        view.damage = "; ".join(damage) or None
         view.driver_alive = self.leases.alive(run_id) if view.state in _ACTIVE else False
         return view
 
@@ -243,8 +260,8 @@ class DuckDBStore:
         for rid in self.journals.runs():
             try:
                 views[rid] = self.get_run(rid)
-            except RunNotFoundError:
-                continue
+            except (RunNotFoundError, JournalDamagedError):
+                continue    # a journal too damaged to name its run: doctor reports it
         out = sorted(views.values(), key=lambda v: v.created_at, reverse=True)[:limit]
         for v in out:
             if v.state in _ACTIVE and v.driver_alive is None:
@@ -268,7 +285,7 @@ class DuckDBStore:
         with self.ledger.connect(False) as con:
             known = queries.has_run(con, run_id)
             rows: list[R] = queries.record_rows(con, run_id, kind) if known else []
-            tail = self._tail(run_id, queries.folded_offsets(con, run_id))
+            tail, _ = self._tail(con, run_id)
         if not known and not any(isinstance(r, RunDefined) for r in tail):
             raise RunNotFoundError(f"no run {run_id!r} in {self.location}")
         return rows + [r for r in tail if type(r) is kind]
@@ -277,8 +294,8 @@ class DuckDBStore:
         with self.ledger.connect(False) as con:
             view = queries.load_run(con, run_id)
             rows = queries.record_rows(con, run_id, ArtifactRecorded) if view else []
-            tail = self._tail(run_id, queries.folded_offsets(con, run_id))
-        view = self._view(run_id, view, tail)
+            tail, damage = self._tail(con, run_id)
+        view = self._view(run_id, view, tail, damage)
         arts = rows + [r for r in tail if type(r) is ArtifactRecorded]
         return lineage_rows(view, arts, task_key)
 
@@ -288,6 +305,12 @@ class DuckDBStore:
     def attempts(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
         return [attempt_dict(r) for r in self._records(run_id, AttemptEnded)
                 if task_key is None or r.task_key == task_key]
+
+    def logs(self, run_id: str, task_key: str | None = None,
+             attempt: int | None = None) -> list[dict[str, Any]]:
+        return [log_dict(r) for r in self._records(run_id, LogRecorded)
+                if (task_key is None or r.task_key == task_key)
+                and (attempt is None or r.attempt == attempt)]
 
     def driver_alive(self, run_id: str) -> bool:
         """True if the lease of ``run_id`` is held by a live process."""
