@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from importlib import metadata as _metadata
 
-from .context import RunContext, TaskCancelled, context
+from .context import RunContext, TaskCancelled, TaskTimedOut, context
 from .errors import (
     CycleError,
     DefinitionError,
@@ -52,6 +52,7 @@ __all__ = [
     "Task",
     "TaskCancelled",
     "TaskFailedError",
+    "TaskTimedOut",
     "__version__",
     "cancel",
     "context",

@@ -22,6 +22,14 @@ class TaskCancelled(BaseException):
     """Raised by :meth:`RunContext.raise_if_cancelled`; ends the attempt as cancelled."""
 
 
+class TaskTimedOut(BaseException):
+    """Raised by a task that enforced its own time limit; ends the attempt as ``timeout``.
+
+    Retried by the task's policy like any timeout (a program task raises it only
+    after the program's whole process tree is gone).
+    """
+
+
 @dataclass(slots=True, kw_only=True)
 class RunContext:
     """What a running task can know about itself.
