@@ -63,6 +63,7 @@ __all__ = [
     "ProgramTask",
     "SandboxUnavailable",
     "descendants",
+    "is_supervisor",
     "program",
 ]
 
@@ -218,6 +219,15 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return data[data.rfind(b")") + 2:][:1] not in (b"Z", b"X")
+
+
+def is_supervisor(pid: int) -> bool:
+    """True if ``pid`` is a program supervisor (found by the marker in its argv)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return SUPERVISOR_MARK.encode() in fh.read()
+    except OSError:
+        return False
 
 
 _SUPERVISORS: dict[int, None] = {}
