@@ -843,13 +843,17 @@ class _Program:
                 "--tmpfs", "/tmp", "--unshare-pid", "--die-with-parent", "--new-session"]
         if not self.network:
             args.append("--unshare-net")
-        # later mounts cover earlier ones: what must be seen (under the private /tmp),
-        # then what may be written, then what must stay read-only inside a writable path
-        for opt, paths in (("--ro-bind", visible), ("--bind", writable),
-                           ("--ro-bind", read_only)):
-            for path in sorted(set(paths), key=len):
-                if os.path.exists(path):
-                    args += [opt, path, path]
+        # later mounts cover earlier ones: first what must be seen (under the private
+        # /tmp), then writable and read-only paths, parents before children, so the more
+        # specific one wins (read-only wins for the same path)
+        for path in sorted(set(visible), key=len):
+            if os.path.exists(path):
+                args += ["--ro-bind", path, path]
+        binds = [(p, 0, "--bind") for p in set(writable)] + \
+                [(p, 1, "--ro-bind") for p in set(read_only)]
+        for path, _, opt in sorted(binds, key=lambda b: (b[0].rstrip("/").count("/"), b[1])):
+            if os.path.exists(path):
+                args += [opt, path, path]
         return [*args, "--chdir", here, "--"]
 
 
