@@ -45,8 +45,11 @@ from ledgerflow.config import Settings
 from ledgerflow.executor import Completion, Job, execute
 from ledgerflow.program import descendants, is_supervisor, supervisor_pids
 
-#: What the forkserver imports once, so each worker starts in milliseconds.
-PRELOAD = ["ledgerflow", "ledgerflow.program", "ledgerflow_executors.processes"]
+#: What the forkserver imports once, so each worker starts in milliseconds
+#: (``_forkserver``: workers do not run the driver's ``__main__`` again).
+PRELOAD = ["ledgerflow", "ledgerflow.program", "ledgerflow_executors.processes",
+           "ledgerflow_executors._forkserver"]
+WORKER_NAME = "ledgerflow-worker"      # = _forkserver.WORKER_NAME
 _HELLO = b"ready"
 _START_FAILURES = 3          # workers dying before they are ready: give up after this many
 
@@ -55,10 +58,7 @@ def _context() -> Any:
     """The forkserver context (preloaded), else spawn; never fork."""
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
-        # a worker runs the driver's main script again as __mp_main__ (as with spawn);
-        # for the `pipeline` command that imports the CLI: have it imported once
-        extra = ["ledgerflow.cli"] if "ledgerflow.cli" in sys.modules else []
-        ctx.set_forkserver_preload(PRELOAD + extra)
+        ctx.set_forkserver_preload(PRELOAD)
         return ctx
     return mp.get_context("spawn")
 
@@ -125,7 +125,7 @@ class _Worker:
         parent, child = ctx.Pipe()
         life_r, life_w = ctx.Pipe(duplex=False)
         self.proc = ctx.Process(target=_worker_main, args=(child, life_r, dict(os.environ)),
-                                daemon=True, name="ledgerflow-worker")
+                                daemon=True, name=WORKER_NAME)
         self.proc.start()
         child.close()
         life_r.close()
@@ -333,9 +333,8 @@ class ProcessExecutor:
         if not w.ready:
             self._start_failures += 1
             if self._start_failures >= _START_FAILURES:
-                self._broken = ("worker processes die as they start (see the driver's stderr; "
-                                "a script that starts a run needs an "
-                                "`if __name__ == '__main__':` guard)")
+                self._broken = ("worker processes die as they start (their error is on the "
+                                "driver's stderr)")
         w.kill()
         with contextlib.suppress(Exception):
             w.proc.join(timeout=5)

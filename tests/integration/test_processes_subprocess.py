@@ -148,10 +148,11 @@ print(json.dumps({"values": [v for v, _ in out], "pids": [pid for _, pid in out]
 '''
 
 
-@pytest.mark.parametrize("how", ["script", "cell"])
+@pytest.mark.parametrize("how", ["script", "unguarded", "cell"])
 def test_tasks_defined_in_main_run_on_processes(tmp_path: Path, how: str) -> None:
-    """A script (``__main__`` with a file, guarded) and a notebook-like cell (code run
-    with ``-c``, no source file): both ship their tasks and helpers by value."""
+    """A script (``__main__`` with a file, with or without a main guard) and a
+    notebook-like cell (code run with ``-c``, no source file): all ship their tasks
+    and helpers by value, and workers do not run the script again."""
     ledger = str(tmp_path / "ledger.duckdb")
     env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGERFLOW_")}
     if how == "script":
@@ -159,6 +160,10 @@ def test_tasks_defined_in_main_run_on_processes(tmp_path: Path, how: str) -> Non
                               + textwrap.indent(RUN, "    "))
         path = tmp_path / "script.py"
         path.write_text(body)
+        cmd = [sys.executable, str(path), ledger]
+    elif how == "unguarded":
+        path = tmp_path / "script.py"
+        path.write_text(SCRIPT.replace("MAIN", "import json\n" + RUN))
         cmd = [sys.executable, str(path), ledger]
     else:
         cmd = [sys.executable, "-c", SCRIPT.replace("MAIN", "import json\n" + RUN), ledger]
@@ -168,3 +173,4 @@ def test_tasks_defined_in_main_run_on_processes(tmp_path: Path, how: str) -> Non
     doc = json.loads(res.stdout.strip().splitlines()[-1])
     assert doc["values"] == [0, 3, 6]
     assert doc["me"] not in doc["pids"]
+    assert len(res.stdout.strip().splitlines()) == 1      # the run was started once
