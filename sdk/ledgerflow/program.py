@@ -298,7 +298,10 @@ while True:
     msg += chunk
 os.close(err_r)
 def say(text):
-    os.write(st, (text + "\n").encode())
+    try:
+        os.write(st, (text + "\n").encode())
+    except OSError:      # the driver is gone: keep going, the tree must still be killed
+        pass
 if msg:
     say("E " + json.dumps(msg.decode("utf-8", "replace")))
 else:
@@ -735,7 +738,7 @@ class _Program:
         if not self.inputs:
             return []
         text = {k: _text(v) for k, v in self.bind(args, kwargs).items()}
-        cwd = _fill(self.cwd, text) if self.cwd else None
+        cwd = os.path.abspath(_fill(self.cwd, text)) if self.cwd else None
         return [(p, _hash_path(p)) for p in self._paths(self.inputs, text, cwd)]
 
     def __call__(self, *args: Any, **kwargs: Any) -> ProgramResult:
@@ -746,7 +749,7 @@ class _Program:
                             f"{sorted(missing)} used in its placeholders")
         ctx = context()
         text = {k: _text(v) for k, v in params.items()}
-        cwd = _fill(self.cwd, text) if self.cwd else None
+        cwd = os.path.abspath(_fill(self.cwd, text)) if self.cwd else None
         if self.shell:
             argv = ["/bin/sh", "-c", self.argv[0]]
         else:
@@ -960,6 +963,9 @@ def program(name: str, argv: Sequence[str] | str, *, env: Mapping[str, str] | No
     if timeout is not None and timeout <= 0:
         raise DefinitionError(f"program {name!r}: timeout must be positive, given {timeout}",
                               hint="pass timeout=None for no limit")
+    if output_cap < 2:
+        raise DefinitionError(f"program {name!r}: output_cap must be at least 2 bytes",
+                              hint="output_cap=65536 keeps 32 KiB of head and of tail")
     if grace < 0:
         raise DefinitionError(f"program {name!r}: grace must be 0 or more, given {grace}",
                               hint="grace=5 waits 5 s between SIGTERM and SIGKILL")
