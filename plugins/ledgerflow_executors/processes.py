@@ -212,11 +212,6 @@ class ProcessExecutor:
                                         name="ledgerflow-processes")
         self._thread.start()
 
-    def worker_pids(self) -> list[int]:
-        """Pids of the current worker processes (tests and diagnostics)."""
-        with self._lock:
-            return [w.proc.pid or 0 for w in self._workers]
-
     def submit(self, job: Job) -> None:
         self._ship(job.fn)
         payload = cloudpickle.dumps(job)   # fails here, in the driver, if unpicklable

@@ -23,7 +23,16 @@ def _ended_after(attempt: dict, t: float) -> float:
     return float(attempt["ended_at"]) - t
 
 
-@pytest.mark.parametrize("executor", ["inline", "threads", "processes"])
+NAP = program("nap", ["sleep", "0.1"])
+
+
+def _with(executor: str, ref: object) -> object:
+    """``threads-pool``: a second task makes the runner use the pool (a lone task on
+    ``threads`` runs in the driver thread)."""
+    return (ref, NAP()) if executor.endswith("-pool") else ref
+
+
+@pytest.mark.parametrize("executor", ["inline", "threads", "threads-pool", "processes"])
 def test_a_timeout_stops_the_whole_tree_before_the_attempt_ends(
         helpers: Path, tmp_path: Path, ledger: str, executor: str) -> None:
     pids_file = tmp_path / "pids"
@@ -32,10 +41,10 @@ def test_a_timeout_stops_the_whole_tree_before_the_attempt_ends(
 
     @pipeline
     def p(out: str):
-        return stubborn(out=out)
+        return _with(executor, stubborn(out=out))
 
     try:
-        run = p.run(str(pids_file), store=ledger, executor=executor)
+        run = p.run(str(pids_file), store=ledger, executor=executor.removesuffix("-pool"))
         tree = roles(pids_file)
         assert set(tree) == set(TREE)            # TERM ignored by all, one left the group
         assert not [r for r, pid in tree.items() if alive(pid)]   # gone when it ended
@@ -49,7 +58,7 @@ def test_a_timeout_stops_the_whole_tree_before_the_attempt_ends(
         kill_all(roles(pids_file))
 
 
-@pytest.mark.parametrize("executor", ["threads", "processes"])
+@pytest.mark.parametrize("executor", ["threads", "threads-pool", "processes"])
 def test_a_cancel_stops_the_whole_tree_before_the_attempt_ends(
         helpers: Path, tmp_path: Path, ledger: str, executor: str) -> None:
     pids_file = tmp_path / "pids"
@@ -57,10 +66,11 @@ def test_a_cancel_stops_the_whole_tree_before_the_attempt_ends(
 
     @pipeline
     def p(out: str):
-        return stubborn(out=out)
+        return _with(executor, stubborn(out=out))
 
     try:
-        run = p.run(str(pids_file), store=ledger, executor=executor, wait=False)
+        run = p.run(str(pids_file), store=ledger, executor=executor.removesuffix("-pool"),
+                    wait=False)
         wait_until(lambda: len(roles(pids_file)) == 3, what="the whole tree to start")
         asked = time.time()
         run.cancel()
