@@ -506,9 +506,7 @@ class _Supervised:
                         self.signal_tree(signal.SIGTERM)
                     elif not done:
                         continue
-                    elif self.signal_tree(signal.SIGTERM):   # it left processes behind
-                        pass
-                    else:
+                    elif not self.signal_tree(signal.SIGTERM):   # it left nothing behind
                         break
                     stopping = True
                     stop_at, next_kill = now, now + grace
