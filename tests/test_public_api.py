@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ SDK = ROOT / "sdk" / "ledgerflow"
 
 def test_all_is_sorted_and_complete() -> None:
     public = {n for n in vars(ledgerflow) if not n.startswith("_") and n != "annotations"}
-    modules = {n for n in public if type(getattr(ledgerflow, n)).__name__ == "module"}
+    modules = {n for n in public if isinstance(getattr(ledgerflow, n), types.ModuleType)}
     assert ledgerflow.__all__ == sorted(ledgerflow.__all__)
     assert set(ledgerflow.__all__) - {"__version__"} == public - modules
 
@@ -28,3 +29,14 @@ def test_strict_typing() -> None:
                           "plugins/ledgerflow_stores"], cwd=ROOT, capture_output=True,
                          text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_program_is_exported_lazily() -> None:
+    code = ("import sys, ledgerflow; assert 'ledgerflow.program' not in sys.modules; "
+            "t = ledgerflow.program('echo', ['echo', 'hi']); "
+            "assert ledgerflow.Limits(cpu_s=1).cpu_s == 1; "
+            "import ledgerflow.program as m; from ledgerflow import program; "
+            "assert program is m and program('e', ['true']).name == 'e'; print(t.name)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0 and res.stdout.strip() == "echo", res.stderr

@@ -20,7 +20,8 @@ How the kernel's contract maps onto Dask:
 * ``cancel(job_id, reason)`` marks the job cancelled in every worker process
   (``context().cancel_requested`` turns true, and a job that has not started
   never runs). For ``reason="cancel"`` the future is also cancelled after
-  ``cancel_grace`` seconds unless the task stopped by itself, and reported
+  ``cancel_grace`` seconds (or the task's ``stop_grace``, if longer: a program
+  task needs TERM, its grace and KILL) unless the task stopped by itself, and reported
   ``cancelled``. Dask cannot stop a running Python thread: a task that
   ignores the request keeps its worker thread busy until it returns (its
   result is then dropped). For ``reason="timeout"`` the future is left
@@ -70,6 +71,7 @@ class _Entry:
     payload: Any = None            # a scattered payload future, kept alive with the job
     cancel_reason: str | None = None
     starts: int = 0
+    stop_grace: float = 0.0        # what the task says it needs to stop (program tasks)
 
 
 class DaskExecutor:
@@ -187,6 +189,7 @@ class DaskExecutor:
     def submit(self, job: Job) -> None:
         """Send ``job`` to the cluster as one Dask task."""
         client = self.client
+        stop_grace = float(getattr(job.fn, "stop_grace", 0.0))
         if isinstance(job.fn, Task):    # ship the plain function: it pickles by value
             job = replace(job, fn=job.fn.fn)
         self._ship(job.fn)
@@ -198,7 +201,8 @@ class DaskExecutor:
         fut = client.submit(run_job, payload, job.id, key, self._topic, key=key, pure=False,
                             retries=0)
         with self._lock:
-            self._jobs[job.id] = _Entry(fut, key, time.time(), scattered)
+            self._jobs[job.id] = _Entry(fut, key, time.time(), scattered,
+                                        stop_grace=stop_grace)
         fut.add_done_callback(partial(self._on_done, job.id))
 
     def cancel(self, job_id: int, *, reason: str) -> None:
@@ -293,7 +297,7 @@ class DaskExecutor:
                 entry.cancel_reason = reason
                 marks.append(entry.key)
                 if reason != "timeout":
-                    self._deadlines[job_id] = now + self.cancel_grace
+                    self._deadlines[job_id] = now + max(self.cancel_grace, entry.stop_grace)
             elif kind == "started":
                 entry = self._jobs.get(item[1])
                 if entry is not None:

@@ -11,9 +11,10 @@ Example:
 
 from __future__ import annotations
 
+import typing as _typing
 from importlib import metadata as _metadata
 
-from .context import RunContext, TaskCancelled, context
+from .context import RunContext, TaskCancelled, TaskTimedOut, context
 from .control import Run, cancel, get_run, plan_resume, resume, run, runs
 from .errors import (
     CycleError,
@@ -30,6 +31,24 @@ from .errors import (
 from .hookspecs import hookimpl
 from .pipeline import Pipeline, pipeline
 from .task import Task, task
+
+if _typing.TYPE_CHECKING:
+    from .program import Limits as Limits
+    from .program import program as program
+
+#: Exported on first use, so ``import ledgerflow`` stays light.
+_LAZY = {"program": "program", "Limits": "program"}
+
+
+def __getattr__(name: str) -> _typing.Any:
+    """``ledgerflow.program`` and ``ledgerflow.Limits``, imported when first used."""
+    if name in _LAZY:
+        import importlib
+        module = importlib.import_module(f".{_LAZY[name]}", __name__)
+        # the import binds the module ``program`` here; it is callable (ledgerflow.program(...))
+        return module if name == "program" else getattr(module, name)
+    raise AttributeError(f"module 'ledgerflow' has no attribute {name!r}")
+
 
 try:
     __version__ = _metadata.version("ledgerflow")
@@ -52,6 +71,7 @@ __all__ = [
     "Task",
     "TaskCancelled",
     "TaskFailedError",
+    "TaskTimedOut",
     "__version__",
     "cancel",
     "context",

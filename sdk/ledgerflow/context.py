@@ -28,9 +28,10 @@ class TaskCancelled(BaseException):
 
 
 class TaskTimedOut(BaseException):
-    """Raise from a task that enforces its own deadline: the attempt ends ``timeout``.
+    """Raised by a task that enforced its own time limit; ends the attempt as ``timeout``.
 
-    The attempt is then retried or failed like one the runner timed out.
+    Retried by the task's policy like any timeout (a program task raises it only
+    after the program's whole process tree is gone).
     """
 
 

@@ -38,8 +38,9 @@ class Job:
 class Completion:
     """What an executor reports when an attempt ends.
 
-    ``outcome`` is ``ok``, ``error``, ``cancelled`` or ``lost``; the runner
-    itself decides ``timeout``.
+    ``outcome`` is ``ok``, ``error``, ``cancelled``, ``timeout`` (the task raised
+    :class:`~ledgerflow.context.TaskTimedOut`) or ``lost``; the runner also
+    decides ``timeout`` itself when no result came in time.
     """
 
     job_id: int
@@ -111,9 +112,9 @@ def execute(job: Job, cancel: Callable[[], bool] | None = None, *,
     except TaskCancelled:
         return Completion(job.id, "cancelled", started_at=started, ended_at=time.time(),
                           lineage=ctx.lineage, has_value=False)
-    except TaskTimedOut as exc:
-        return Completion(job.id, "timeout", error_type="TimeoutError",
-                          error_message=str(exc) or "the task gave up: timed out",
+    except TaskTimedOut as exc:     # no error object: a timeout is retried by policy
+        return Completion(job.id, "timeout", error_type="TaskTimedOut",
+                          error_message=str(exc)[:2000] or "the task timed out",
                           started_at=started, ended_at=time.time(), lineage=ctx.lineage,
                           has_value=False)
     except Exception as exc:

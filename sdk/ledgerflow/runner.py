@@ -391,11 +391,15 @@ class Runner:
         except Exception as exc:
             self._give_up(inst, f"could not load upstream results: {exc}")
             return
+        extra = node.task._extra_fingerprint(args, kwargs)   # must not raise
         ups = [u.hash or "" for u in inst.up] if inst.up else ()
         base = self.fp_base.get(node.task)
         if base is None:
             base = self.fp_base[node.task] = fingerprint_base(node.task.name, node.task.version)
-        inst.fp = finish_fingerprint(base, self.plan.literal_bytes(inst), ups)
+        literals = self.plan.literal_bytes(inst)
+        if extra:
+            literals += b"\x00" + extra
+        inst.fp = finish_fingerprint(base, literals, ups)
         if opts.cache:
             hit = self.cache.get(inst.fp)
             if hit is not None:

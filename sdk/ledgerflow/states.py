@@ -61,10 +61,11 @@ class Outcome(str, Enum):
 
 _T = TaskState
 #: Legal task transitions within one drive. ``ready -> succeeded`` is a cache
-#: hit: a committed result with the same fingerprint is reused, no attempt runs.
+#: hit: a committed result with the same fingerprint is reused, no attempt runs;
+#: ``ready -> failed``: its upstream results could not be loaded (no attempt ran).
 TASK_TRANSITIONS: Final[Mapping[TaskState, frozenset[TaskState]]] = {
     _T.PENDING: frozenset({_T.READY, _T.CANCELLED, _T.UPSTREAM_FAILED}),
-    _T.READY: frozenset({_T.RUNNING, _T.SUCCEEDED, _T.CANCELLED}),
+    _T.READY: frozenset({_T.RUNNING, _T.SUCCEEDED, _T.CANCELLED, _T.FAILED}),
     _T.RUNNING: frozenset({_T.SUCCEEDED, _T.RETRY_WAIT, _T.FAILED, _T.CANCELLING}),
     _T.RETRY_WAIT: frozenset({_T.READY, _T.FAILED, _T.CANCELLED}),
     _T.CANCELLING: frozenset({_T.CANCELLED, _T.SUCCEEDED, _T.FAILED}),

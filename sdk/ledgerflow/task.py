@@ -143,6 +143,16 @@ class Task(Generic[P, R]):
         return build.add_map(self, items, key, broadcast, after,  # type: ignore[return-value]
                              _where(sys._getframe(1)))
 
+    def _extra_fingerprint(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+        """Bytes this task adds to one call's fingerprint (default: none).
+
+        The runner appends them to the literal arguments before hashing, in the
+        driver, before the cache is consulted; a subclass overrides it to cover
+        what the arguments do not show (e.g. the contents of input files). It
+        must not raise: describe an unreadable input in the bytes instead.
+        """
+        return b""
+
     def _accepts_after(self) -> bool:
         import inspect
         return "after" in inspect.signature(self.fn).parameters

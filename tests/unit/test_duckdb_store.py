@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -163,26 +162,3 @@ def test_a_bounded_fold_stops_between_batches_and_the_next_one_continues(
     assert len(offsets) > 3 and offsets == sorted(offsets) and offsets[-1] == size
     mem = fan.run(n=400, store=f"memory:{tmp_path}", executor="inline")
     assert _rows(mem.status()) == _rows(ledgerflow.get_run(run.run_id, store=path).status())
-
-
-def test_a_fork_waits_for_a_fold_in_progress(tmp_path) -> None:
-    """No worker process is copied from a process that is inside DuckDB."""
-    import threading
-    store = DuckDBStore(str(tmp_path / "l.duckdb"))
-    holding, done = threading.Event(), []
-
-    def fold_in_progress() -> None:
-        with store.ledger.lock:       # what a background fold holds while it works
-            holding.set()
-            threading.Event().wait(0.2)
-            done.append("fold ended")
-
-    t = threading.Thread(target=fold_in_progress)
-    t.start()
-    holding.wait()
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0)
-    os.waitpid(pid, 0)
-    assert done == ["fold ended"]       # the fork happened only after the fold let go
-    t.join()

@@ -188,21 +188,22 @@ def test_timeout_does_not_unlock_downstream_and_late_result_is_rejected(
 
 
 def test_processes_executor_kills_a_timed_out_attempt(tmp_path: Path, ledger: str) -> None:
-    marker = tmp_path / "finished"
+    from ledgerflow.program import descendants
 
     @task(timeout=0.3, retries=1)
-    def sleepy(path: str) -> None:
-        time.sleep(1.5)
-        Path(path).write_text("the work was not stopped")
+    def sleepy(folder: str) -> None:
+        Path(folder, str(os.getpid())).touch()     # ignores cancel_requested
+        time.sleep(30)
 
     @pipeline
     def p():
-        return sleepy(str(marker))
+        return sleepy(str(tmp_path))
 
     run = p.run(store=ledger, executor="processes")
     assert _states(run)["sleepy"] == ("failed", 2)
-    time.sleep(1.6)
-    assert not marker.exists()
+    pids = {int(f.name) for f in tmp_path.iterdir() if f.name.isdigit()}
+    assert len(pids) == 2                           # each attempt had its own worker...
+    assert not pids & set(descendants(os.getpid()))  # ...and both were killed
 
 
 def test_mock_success_reported_twice_is_applied_once(ledger: str) -> None:

@@ -35,31 +35,6 @@ def process_lock(path: str) -> threading.RLock:
         return _PROCESS_LOCKS.setdefault(path, threading.RLock())
 
 
-_HELD_FOR_FORK: list[threading.RLock] = []
-
-
-def _before_fork() -> None:
-    # A fork must not copy the process while another thread is inside DuckDB: take
-    # every ledger's lock first. (Executors start workers with a forkserver; this
-    # guards forks made by user code.)
-    with _PL_GUARD:
-        locks = [_PROCESS_LOCKS[path] for path in sorted(_PROCESS_LOCKS)]
-    for lock in locks:
-        lock.acquire()
-        _HELD_FOR_FORK.append(lock)
-    _PL_GUARD.acquire()
-
-
-def _after_fork() -> None:
-    while _HELD_FOR_FORK:
-        _HELD_FOR_FORK.pop().release()
-    _PL_GUARD.release()
-
-
-os.register_at_fork(before=_before_fork, after_in_parent=_after_fork,
-                    after_in_child=_after_fork)
-
-
 def is_lock_error(exc: BaseException) -> bool:
     """True if ``exc`` says another process holds the file's lock."""
     return isinstance(exc, duckdb.IOException) and "lock" in str(exc).lower()

@@ -340,7 +340,7 @@ class Fold:
 
 def _verified(path: Path, body: bytes, end: int) -> tuple[bytes, int, Damage | None]:
     """The JSON of ``body``'s lines up to the first that fails its checksum."""
-    out = []
+    out: list[bytes] = []
     pos = end - len(body) - 1
     for line in body.split(b"\n"):
         if line:
@@ -355,7 +355,7 @@ def _verified(path: Path, body: bytes, end: int) -> tuple[bytes, int, Damage | N
 def _decoded(path: Path, clean: bytes, start: int,
              why: str) -> tuple[bytes, int, Damage | None]:
     """Like :func:`_verified`, finding the first line that does not decode."""
-    out = []
+    out: list[bytes] = []
     pos = start
     for line in clean.split(b"\n"):
         if line:
