@@ -479,7 +479,7 @@ def _abs_target(target: str) -> str:
 def get_run(run_id: str, *, store: str | None = None) -> Run:
     """A handle on an existing run."""
     st = _store_for(_settings(store, None, None, None))
-    st.get_run(run_id)
+    st.get_run(run_id, tasks=False)      # raises RunNotFoundError; task rows not needed
     return Run(run_id, st)
 
 
