@@ -670,19 +670,21 @@ class DuckDBStore:
             out[fp] = tuple(rest)
         return out
 
-    def _records(self, run_id: str, kind: str, sql: str) -> tuple[RunView, list[Any]]:
-        view = self.get_run(run_id)
+    def _records(self, run_id: str, kind: str, sql: str,
+                 tasks: bool = False) -> tuple[RunView, list[Any]]:
+        # only lineage needs the task rows; the others check that the run exists
+        view = self.get_run(run_id, tasks=tasks)
         with self._db(False) as con:
             rows = [] if con is None else [(kind, *r) for r in con.execute(sql, [run_id])
                                            .fetchall()]
-            _, folded = self._load(con, run_id)
+            _, folded = self._load(con, run_id, tasks=False)
             tail = [r for r in self._tail(run_id, folded) if r[0] == kind]
         return view, rows + tail
 
     def lineage(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
         view, rows = self._records(
             run_id, "L", "SELECT task_key, attempt, direction, uri, content_hash, attrs "
-            "FROM artifacts WHERE run_id = ? ORDER BY rowid")
+            "FROM artifacts WHERE run_id = ? ORDER BY rowid", tasks=True)
         fixed = [(r[0], r[1], r[2], r[3], r[4], r[5],
                   json.loads(r[6]) if isinstance(r[6], str) else r[6]) for r in rows]
         return lineage_rows(view, fixed, task_key)
