@@ -162,6 +162,7 @@ async function act(b){
   let doc = {}; try { doc = await r.json(); } catch(_) {}
   say(r.ok, r.ok ? (doc.message || 'done')
                : 'Error: ' + (doc.error || r.status) + (doc.hint ? '  Hint: ' + doc.hint : ''));
+  follow = Date.now() + 15000;   // keep refreshing while the action takes effect
   setTimeout(refresh, 300);
 }
 document.addEventListener('click', async ev => {
@@ -177,20 +178,26 @@ document.addEventListener('click', async ev => {
     if (l.dataset.scroll) into.scrollIntoView({block:'nearest'});
   }
 });
-let busy = false, wait = 2000;
+let busy = false, wait = 2000, follow = 0;
 async function refresh(){
   const live = document.getElementById('live');
   if (!live || busy) return;
   busy = true; const t = performance.now();
   try {
     const r = await fetch(live.dataset.src, {headers:{'Accept':'text/html'}});
-    if (r.ok){ live.outerHTML = await r.text(); }
+    if (r.ok){
+      const before = live.dataset.version;
+      live.outerHTML = await r.text();
+      const after = document.getElementById('live');
+      if (after && after.dataset.version !== before)   // the graph and panels follow the run
+        document.querySelectorAll('[data-autoload]').forEach(el => load(el, el.dataset.autoload));
+    }
   } catch(_) {} finally { busy = false; }
   wait = Math.max(2000, 4 * (performance.now() - t));
 }
 async function loop(){
   const live = document.getElementById('live');
-  if (live && live.dataset.active === '1') await refresh();
+  if (live && (live.dataset.active === '1' || Date.now() < follow)) await refresh();
   setTimeout(loop, wait);
 }
 setTimeout(loop, wait);
@@ -342,7 +349,13 @@ def run_live(ctx: Ctx, model: Mapping[str, Any], live_src: str) -> str:
     parts.append(groups_html(rid, model["groups"]))
     parts.append(timeline_html(rid, model["timeline"]))
     return (f'<div id="live" data-active="{1 if h["active"] else 0}" '
-            f'data-src="{e(live_src)}">' + "".join(parts) + "</div>")
+            f'data-version="{e(_version(h))}" data-src="{e(live_src)}">' + "".join(parts)
+            + "</div>")
+
+
+def _version(h: Mapping[str, Any]) -> str:
+    """Changes whenever the run's state or its counts change (panels reload then)."""
+    return h["state"] + ":" + ",".join(f"{s}={n}" for s, n in sorted(h["counts"].items()))
 
 
 def _inspect_url(rid: str, key: str, attempt: int | None = None) -> str:
