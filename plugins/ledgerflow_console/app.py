@@ -252,8 +252,7 @@ def create_app(cfg: ConsoleConfig) -> ASGIApp:
         key = need_task(request)
         attempt = q_int(request, "attempt", None)
         run = ledger.run(rid)
-        view = ledger.view(run, upstream=True)
-        row = view.tasks.get(key)
+        row = ledger.view(run).tasks.get(key)
         if row is None:
             raise InputError(f"run {rid} has no task {key!r}",
                              hint=f"list its tasks with: pipeline status {rid}")
@@ -261,10 +260,13 @@ def create_app(cfg: ConsoleConfig) -> ASGIApp:
         if attempt is None and attempts:
             attempt = max(int(a["attempt"]) for a in attempts)
         logs = ledger.logs(run, key, attempt) if ledger.has("logs") else None
-        lineage = ledger.lineage(run, key, view=view)
         return html(pages.inspector_html(ctx(request), rid, key, attempt,
-                                         views.task_item(row, time.time()), attempts, logs,
-                                         lineage))
+                                         views.task_item(row, time.time()), attempts, logs))
+
+    def lineage_fragment(request: Request) -> Response:
+        rid = request.path_params["run_id"]
+        rows = ledger.lineage(ledger.run(rid), need_task(request))
+        return html(pages.lineage_html(rows))
 
     def graph_svg(request: Request) -> Response:
         rid = request.path_params["run_id"]
@@ -378,6 +380,7 @@ def create_app(cfg: ConsoleConfig) -> ASGIApp:
         Route("/runs/{run_id}", run_page),
         Route("/runs/{run_id}/items", items_fragment),
         Route("/runs/{run_id}/inspect", inspect_fragment),
+        Route("/runs/{run_id}/lineage", lineage_fragment),
         Route("/runs/{run_id}/graph.svg", graph_svg),
         Route("/runs/{run_id}/usage", usage_fragment),
         Route("/api/runs", api_runs),

@@ -146,6 +146,7 @@ const TOKEN = new URLSearchParams(location.search).get('token') || '';
 async function load(el, url){
   const r = await fetch(url, {headers:{'Accept':'text/html'}});
   el.innerHTML = await r.text();
+  el.querySelectorAll('[data-autoload]').forEach(x => load(x, x.dataset.autoload));
 }
 function say(ok, text){
   const m = document.getElementById('message'); if(!m) return;
@@ -355,7 +356,7 @@ def run_live(ctx: Ctx, model: Mapping[str, Any], live_src: str) -> str:
 
 def _version(h: Mapping[str, Any]) -> str:
     """Changes whenever the run's state or its counts change (panels reload then)."""
-    return h["state"] + ":" + ",".join(f"{s}={n}" for s, n in sorted(h["counts"].items()))
+    return str(h["state"]) + ":" + ",".join(f"{s}={n}" for s, n in sorted(h["counts"].items()))
 
 
 def _inspect_url(rid: str, key: str, attempt: int | None = None) -> str:
@@ -643,9 +644,12 @@ def logs_html(logs: Sequence[Mapping[str, Any]] | None, attempt: int | None) -> 
 
 def inspector_html(ctx: Ctx, rid: str, key: str, attempt: int | None,
                    task: Mapping[str, Any] | None, attempts: Sequence[Mapping[str, Any]],
-                   logs: Sequence[Mapping[str, Any]] | None,
-                   lineage: Sequence[Mapping[str, Any]]) -> str:
-    """The selected task: its row, every attempt, the chosen attempt's logs, its lineage."""
+                   logs: Sequence[Mapping[str, Any]] | None) -> str:
+    """The selected task: its row, every attempt, the chosen attempt's logs, its lineage.
+
+    The lineage is a fragment of its own, loaded after the rest (on a large
+    run it is the slowest read).
+    """
     rows = []
     for a in attempts:
         dur = ((a["ended_at"] - a["started_at"]) * 1000
@@ -675,10 +679,16 @@ def inspector_html(ctx: Ctx, rid: str, key: str, attempt: int | None,
     if ctx.has_logs:
         logs_part = ("<h4>Logs" + (f" of attempt {attempt}" if attempt else "") + "</h4>"
                      + logs_html(logs, attempt))
-    lin = _table(lineage, ["task_key", "attempt", "direction", "uri", "content_hash",
-                           "code_version", "attrs"], "lineage")
+    src = run_path(rid, "/lineage?" + urlencode({"task": key}))
     return (head + "<h4>Attempts</h4>" + att_table + logs_part
-            + "<h4>Lineage (this task and its upstream)</h4>" + lin)
+            + "<h4>Lineage (this task and its upstream)</h4>"
+            + f'<div data-autoload="{e(src)}"><span class="muted">loading…</span></div>')
+
+
+def lineage_html(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Lineage rows as ``pipeline lineage`` prints them: inputs, outputs, hashes, code."""
+    return _table(rows, ["task_key", "attempt", "direction", "uri", "content_hash",
+                         "code_version", "attrs"], "lineage")
 
 
 def _iso_or(ts: object) -> str:
