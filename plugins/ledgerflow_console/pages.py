@@ -99,6 +99,13 @@ def fmt_ms(ms: float | None) -> str:
     return f"{int(ms // 60_000)} min {ms % 60_000 / 1000:.3f} s"
 
 
+def fmt_tick(ms: float) -> str:
+    """An axis label: as short as the tick step allows (``500 ms``, ``1.5 s``)."""
+    def trim(x: float) -> str:
+        return f"{x:.3f}".rstrip("0").rstrip(".")
+    return f"{trim(ms)} ms" if ms < 1000 else f"{trim(ms / 1000)} s"
+
+
 def fmt_s(s: float | None) -> str:
     """A duration given in seconds, shown as :func:`fmt_ms` does."""
     return "" if s is None else fmt_ms(s * 1000)
@@ -132,7 +139,7 @@ button{font:inherit;font-size:12px;padding:2px 8px;cursor:pointer}
 button.danger{color:#b91c1c}
 form.filters{display:flex;gap:12px;align-items:center;margin:6px 0}
 .scroll{overflow-x:auto;max-width:100%}
-svg .attempt,svg .cell{cursor:pointer}
+svg .attempt{cursor:pointer}
 svg .attempt:hover{stroke:#111;stroke-width:1}
 svg .running{animation:pulse 1.2s ease-in-out infinite}
 @keyframes pulse{50%{opacity:.45}}
@@ -381,13 +388,14 @@ def root_cause_html(ctx: Ctx, rid: str, rc: Mapping[str, Any]) -> str:
     more = rc["failed_total"] - len(rc["failed"])
     down = ", ".join(f"{e(k)} {TIMES}{n:,}" for k, n in rc["upstream_failed_by_task"].items())
     first = rc["failed"][0]["key"] if rc["failed"] else None
+    n_up = int(rc["upstream_failed_total"])
     return ('<div id="root-cause" class="box bad"><b>Root cause</b>: '
             + (f'<span class="mono">{e(first)}</span> failed by itself' if first
                else "no task failed by itself")
             + (f" ({rc['failed_total']} failed in all)" if rc["failed_total"] > 1 else "")
-            + (f"; <b>{rc['upstream_failed_total']:,}</b> downstream tasks are "
-               f"<i>upstream_failed</i> because of it ({down})" if rc["upstream_failed_total"]
-               else "")
+            + (f"; <b>{n_up:,}</b> downstream task{'' if n_up == 1 else 's'} "
+               f"{'is' if n_up == 1 else 'are'} <i>upstream_failed</i> because of it: {down}"
+               if n_up else "")
             + (f'<table><thead><tr><th>task</th><th class=num>attempts</th><th>error</th>'
                f'</tr></thead><tbody>{rows}</tbody></table>' if rows else "")
             + (f'<div class="muted">and {more} more</div>' if more > 0 else "") + "</div>")
@@ -504,7 +512,7 @@ def timeline_html(rid: str, tl: Mapping[str, Any]) -> str:
         out.append(f'<line x1="{x:.1f}" y1="{AXIS_H - 6}" x2="{x:.1f}" y2="{height}" '
                    'stroke="#e5e7eb"/>'
                    f'<text x="{x:.1f}" y="{AXIS_H - 10}" text-anchor="middle" fill="#6b7280">'
-                   f"+{e(fmt_ms(t))}</text>")
+                   f"+{e(fmt_tick(t))}</text>")
         t += step
     y = AXIS_H
     for g in groups:

@@ -86,7 +86,7 @@ def test_failed_run_names_its_root_cause_and_resume_from_the_page_finishes_it(
     rc = page.locator("#root-cause")
     expect(rc).to_contain_text("boom[3] failed by itself")
     expect(rc).to_contain_text("ZeroDivisionError: x is 3")
-    expect(rc).to_contain_text("1 downstream tasks are upstream_failed")
+    expect(rc).to_contain_text("1 downstream task is upstream_failed because of it: after")
     expect(page.locator('#counts [data-state="upstream_failed"] b')).to_have_text("1")
     page.screenshot(path=str(tmp_path / "failed-run-page.png"), full_page=True)
 
@@ -113,8 +113,8 @@ def test_cancel_needs_the_token_and_the_consoles_own_host(
     try:
         assert proc.stdout is not None
         rid = proc.stdout.readline().split()[1]
-        wait_until(lambda: con.get(f"api/runs/{rid}")[1].get("counts", {}).get("running"),
-                   timeout=30, what="the slow run's tasks to run")
+        wait_until(lambda: con.get(f"api/runs/{rid}")[1].get("counts", {}).get("running") == 2,
+                   timeout=30, what="both tasks of the slow run to run")
         path = f"api/runs/{rid}/cancel"
         status, doc = con.post(path)                       # no token
         assert status == 403 and "token" in doc["error"]
