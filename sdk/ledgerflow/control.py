@@ -13,7 +13,7 @@ import threading
 from typing import Any
 
 from ._gc import quiet_gc
-from .errors import InputError, NotResumableError
+from .errors import InputError, NotResumableError, RunEndedError
 from .launch import (
     Run,
     StoreArg,
@@ -138,6 +138,6 @@ def cancel(run_id: str, *, store: StoreArg = None) -> None:
     st = open_ledger(store)
     view = st.get_run(run_id, tasks=False)
     if view.state in RUN_TERMINAL:
-        raise InputError(f"run {run_id} already ended {view.state}; nothing to cancel",
-                         hint=f"start it again with: pipeline resume {run_id}")
+        raise RunEndedError(f"run {run_id} already ended {view.state}; nothing to cancel",
+                            hint=f"start it again with: pipeline resume {run_id}")
     st.request_cancel(run_id)

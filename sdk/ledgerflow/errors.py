@@ -8,7 +8,8 @@ and exits with ``exc.exit_code``::
     ├─ DefinitionError ─ DuplicateTaskError, CycleError (also graphlib.CycleError)
     ├─ InputError ─ ParameterBindError ─ MissingInputError
     ├─ TaskFailedError      (__cause__ = the user's exception)
-    ├─ RunError ─ RunNotFoundError, NotResumableError, RunFailedError, LeaseLostError
+    ├─ RunError ─ RunNotFoundError, NotResumableError, RunFailedError, LeaseLostError,
+    │             RunEndedError
     ├─ StoreError ─ StoreLockedError, SchemaVersionError, NotALedgerError,
     │               DamagedLedgerError, JournalDamagedError
     ├─ PluginError, ConfigError
@@ -96,6 +97,10 @@ class RunNotFoundError(RunError):
 
 class NotResumableError(RunError):
     """The run cannot be resumed now (finished, or its driver is alive)."""
+
+
+class RunEndedError(RunError):
+    """The run already ended, so it cannot be cancelled (or decided) any more."""
 
 
 class RunFailedError(RunError):

@@ -186,6 +186,33 @@ def lineage_rows(view: RunView, artifacts: Iterable[ArtifactRecorded],
     return out
 
 
+def ancestry(view: RunView, task_key: str) -> list[str]:
+    """``task_key`` and every task it read from, transitively (nearest first)."""
+    children: dict[str, list[str]] = {}
+    for row in view.tasks.values():
+        if row.position is not None:
+            children.setdefault(row.node, []).append(row.key)
+    keys = [task_key]
+    seen, stack = {task_key}, [task_key]
+    while stack:
+        for up in view.tasks[stack.pop()].upstream:
+            for k in ([up] if up in view.tasks else children.get(up, [])):
+                if k not in seen:
+                    seen.add(k)
+                    keys.append(k)
+                    stack.append(k)
+    return keys
+
+
+def lineage_of(view: RunView, rows: Iterable[dict[str, Any]],
+               task_key: str) -> list[dict[str, Any]]:
+    """The lineage rows of ``task_key`` and its ancestry, the task's own first
+    (``pipeline lineage --task KEY``)."""
+    order = {k: i for i, k in enumerate(ancestry(view, task_key))}
+    return sorted((r for r in rows if r["task_key"] in order),
+                  key=lambda r: order[r["task_key"]])
+
+
 def failed_like(state: str) -> bool:
     """True for failed, cancelled and upstream_failed."""
     return state in FAILED_LIKE

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from ledgerflow import context, pipeline, task
-from ledgerflow.program import descendants
 from ledgerflow.control import load_module
+from ledgerflow.program import descendants
 from tests.waiting import wait_until
 
 

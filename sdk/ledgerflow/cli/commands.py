@@ -19,7 +19,7 @@ from .. import control as api
 from ..errors import InputError, PluginError
 from ..launch import Run
 from ..states import RunState
-from ..views import RunView, counts_text
+from ..views import counts_text, lineage_of
 from .guard import guard
 from .params import convert_params
 from .render import dumps, out, progress_for, summary
@@ -257,24 +257,6 @@ def runs(store: str | None, as_json: bool, limit: int) -> None:
         out(f"{v.run_id}  {v.pipeline:<20} {v.state:<10} {counts_text(v.counts())}{alive}")
 
 
-def _ancestry(view: RunView, task_key: str) -> list[str]:
-    """``task_key`` and every task it (transitively) read from."""
-    keys = [task_key]
-    seen, stack = {task_key}, [task_key]
-    children: dict[str, list[str]] = {}
-    for row in view.tasks.values():
-        if row.position is not None:
-            children.setdefault(row.node, []).append(row.key)
-    while stack:
-        for up in view.tasks[stack.pop()].upstream:
-            for k in ([up] if up in view.tasks else children.get(up, [])):
-                if k not in seen:
-                    seen.add(k)
-                    keys.append(k)
-                    stack.append(k)
-    return keys
-
-
 @main.command()
 @click.argument("run_id")
 @click.option("--task", "task_key", metavar="KEY", envvar="LEDGERFLOW_TASK",
@@ -296,9 +278,7 @@ def lineage(run_id: str, task_key: str | None, store: str | None, as_json: bool)
         if task_key not in view.tasks:
             raise InputError(f"run {run_id} has no task {task_key!r}",
                              hint=f"list its tasks with: pipeline status {run_id}")
-        order = {k: i for i, k in enumerate(_ancestry(view, task_key))}
-        rows = sorted((r for r in rows if r["task_key"] in order),
-                      key=lambda r: order[r["task_key"]])
+        rows = lineage_of(view, rows, task_key)
     if as_json:
         out(dumps(rows))
         return
