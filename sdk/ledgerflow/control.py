@@ -17,6 +17,7 @@ from .errors import InputError, NotResumableError, RunEndedError
 from .launch import (
     Run,
     StoreArg,
+    cancel_submitted,
     check_executor,
     continue_run,
     make_executor,
@@ -27,10 +28,11 @@ from .launch import (
     start,
     store_for,
 )
+from .launch import submit as launch_submit
 from .loading import abs_target, load_module, load_target, pipelines_in
 from .pipeline import Pipeline
 from .resume import decide
-from .states import RUN_TERMINAL
+from .states import RUN_TERMINAL, RunState
 from .views import RunView
 
 __all__ = [
@@ -50,6 +52,7 @@ __all__ = [
     "run",
     "runs",
     "start",
+    "submit",
 ]
 
 
@@ -62,6 +65,19 @@ def run(target: Pipeline[..., Any] | str, /, *args: Any, params: dict[str, Any] 
     return start(pipe, args, {**(params or {}), **kwparams}, store=store, executor=executor,
                  workers=workers, fail_fast=fail_fast, wait=wait, progress=progress,
                  target=abs_target(target, pipe.name) if isinstance(target, str) else None)
+
+
+def submit(target: Pipeline[..., Any] | str, /, *, params: dict[str, Any] | None = None,
+           store: StoreArg = None, **kwparams: Any) -> str:
+    """Record a run of a pipeline object or ``FILE.py[:NAME]`` target without driving it.
+
+    Returns the run id; the run is ``submitted`` until ``pipeline worker`` or
+    ``pipeline resume RUN_ID`` drives it.
+    """
+    pipe = load_target(target) if isinstance(target, str) else target
+    return launch_submit(pipe, {**(params or {}), **kwparams}, store=store,
+                         target=abs_target(target, pipe.name) if isinstance(target, str)
+                         else None)
 
 
 def recorded_pipeline(view: RunView) -> Pipeline[..., Any]:
@@ -140,4 +156,7 @@ def cancel(run_id: str, *, store: StoreArg = None) -> None:
     if view.state in RUN_TERMINAL:
         raise RunEndedError(f"run {run_id} already ended {view.state}; nothing to cancel",
                             hint=f"start it again with: pipeline resume {run_id}")
+    if view.state == RunState.SUBMITTED:
+        cancel_submitted(view, st)
+        return
     st.request_cancel(run_id)

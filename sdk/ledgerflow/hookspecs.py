@@ -99,6 +99,18 @@ def ledgerflow_task_state_changed(run_id: str, task_key: str, old: str | None, n
 
 
 @hookspec
+def ledgerflow_attempt_finished(run_id: str, task_key: str, attempt: int, outcome: str,
+                                started_at: float | None, ended_at: float | None,
+                                error_type: str, error_message: str) -> None:
+    """An attempt ended with ``outcome`` (ok, error, timeout, cancelled, lost).
+
+    When: after the commit that holds the attempt's record (for a ``lost``
+    attempt: when a resume records it). Process: the driver, in the thread
+    that drives the run. Results: none; exceptions are logged.
+    """
+
+
+@hookspec
 def ledgerflow_run_finish(run_id: str, state: str) -> None:
     """A run stopped driving: ``state`` is its final state, or ``interrupted``.
 

@@ -347,6 +347,55 @@ def start(pipe: Pipeline[..., Any], args: Sequence[Any], params: dict[str, Any],
     return _drive(pipe, runner, wait, resumed=False)
 
 
+def submit(pipe: Pipeline[..., Any], params: dict[str, Any], *, store: StoreArg = None,
+           target: str | None = None, run_id: str | None = None) -> str:
+    """Validate and record a new run of ``pipe`` without driving it; return its id.
+
+    The run is ``submitted``: ``pipeline worker`` or ``pipeline resume`` drives it.
+    """
+    settings = settings_for(store)
+    values = pipe.bind(**params)
+    graph = pipe.build(**values)
+    st = store_for(settings, store)
+    run_id = run_id or new_run_id()
+    runner = Runner(graph=graph, store=st, executor=_NoExecutor(), settings=settings,
+                    run_id=run_id)
+    lease = runner.create(pipeline=pipe.name, target=target or pipe.target(), params=values,
+                          options={"output": output_to_json(graph.output)}, submit=True)
+    st.release(lease)
+    return run_id
+
+
+def cancel_submitted(view: RunView, st: RunStore) -> None:
+    """Cancel a run that was submitted and never driven."""
+    lease = st.take_over(view.run_id)
+    try:
+        runner = Runner(graph=Graph(view.pipeline), store=st, executor=_NoExecutor(),
+                        settings=settings_for(st), run_id=view.run_id, prior=view)
+        runner.cancel_submitted(lease, "cancelled before a driver took it")
+    finally:
+        st.release(lease)
+
+
+class _NoExecutor:
+    """The executor of a run that is only recorded (``submit``): never started."""
+
+    name = "none"
+
+    def start(self, *, workers: int, on_complete: Any) -> None:
+        raise NotResumableError("a submitted run is not driven by the process that "
+                                "submitted it", hint="drive it with: pipeline resume RUN_ID")
+
+    def submit(self, job: Any) -> None:
+        raise NotResumableError("a submitted run has no executor")
+
+    def cancel(self, job_id: int, *, reason: str) -> None:
+        return None
+
+    def shutdown(self) -> None:
+        return None
+
+
 def continue_run(pipe: Pipeline[..., Any], view: RunView, st: RunStore, *,
                  settings: Settings, executor: object = None, wait: bool = True,
                  progress: Any = None, cancel_event: threading.Event | None = None) -> Run:
@@ -369,10 +418,12 @@ def continue_run(pipe: Pipeline[..., Any], view: RunView, st: RunStore, *,
 def _runner(graph: Graph, st: RunStore, ex: Executor, settings: Settings, run_id: str,
             prior: RunView | None, cache: dict[str, Any], progress: Any,
             cancel_event: threading.Event | None) -> Runner:
-    hook = get_plugin_manager().hook.ledgerflow_task_state_changed
+    hooks = get_plugin_manager().hook
+    changed, ended = hooks.ledgerflow_task_state_changed, hooks.ledgerflow_attempt_finished
     return Runner(graph=graph, store=st, executor=ex, settings=settings, run_id=run_id,
                   prior=prior, cache=cache,
-                  hook_changed=hook if hook.get_hookimpls() else None,
+                  hook_changed=changed if changed.get_hookimpls() else None,
+                  hook_attempt=ended if ended.get_hookimpls() else None,
                   on_change=progress, cancel_event=cancel_event)
 
 

@@ -97,6 +97,7 @@ class Runner:
                  settings: Settings, run_id: str, prior: RunView | None = None,
                  cache: dict[str, CacheHit] | None = None,
                  hook_changed: Callable[..., Any] | None = None,
+                 hook_attempt: Callable[..., Any] | None = None,
                  cancel_event: threading.Event | None = None,
                  on_change: Callable[[str, str, str], None] | None = None) -> None:
         self.graph = graph
@@ -107,6 +108,8 @@ class Runner:
         self.prior = prior
         self.cache = cache or {}
         self.hook_changed = hook_changed
+        self.hook_attempt = hook_attempt
+        self.ended: list[AttemptEnded] = []     # told to observers after the commit
         self.on_change = on_change
         self.observed = hook_changed is not None or on_change is not None
         self.cancel_event = cancel_event or threading.Event()
@@ -143,14 +146,20 @@ class Runner:
 
     # -- the run's own records ----------------------------------------------------------
     def create(self, *, pipeline: str, target: str | None, params: dict[str, Any],
-               options: dict[str, Any]) -> Lease:
-        """Record a new run and take its lease (nothing runs yet)."""
+               options: dict[str, Any], submit: bool = False) -> Lease:
+        """Record a new run and take its lease (nothing runs yet).
+
+        ``submit``: record it ``submitted``, for another process to drive (the
+        caller releases the lease without driving).
+        """
         now = time.time()
         records: list[Record] = [
             RunDefined(self.run_id, pipeline, target, params_json(params), now,
-                       json.dumps(options, sort_keys=True)),
-            driver_header(1)]
-        self._move_run(RunState.RUNNING, "", records=records)
+                       json.dumps(options, sort_keys=True))]
+        if not submit:
+            records.append(driver_header(1))
+        self._move_run(RunState.SUBMITTED if submit else RunState.RUNNING, "",
+                       records=records)
         self.lease = self.store.create_run(self.run_id, records)
         return self.lease
 
@@ -160,6 +169,12 @@ class Runner:
         records: list[Record] = [driver_header(lease.token)]
         self._move_run(RunState.RUNNING, "resumed", resume=True, records=records)
         self.store.append(lease, records)
+
+    def cancel_submitted(self, lease: Lease, reason: str) -> None:
+        """End a ``submitted`` run that no driver took yet: it goes ``cancelled``."""
+        self.lease = lease
+        self._move_run(RunState.CANCELLED, reason)
+        self._flush()
 
     def _move_run(self, target: RunState, reason: str, *, resume: bool = False,
                   records: list[Record] | None = None) -> None:
@@ -201,7 +216,7 @@ class Runner:
             return
         decision = decide(row, inst.node.task.options.retries)
         if decision.lost:
-            self.buf.append(AttemptEnded(inst.key, inst.attempt, "lost", row.started_at,
+            self._attempt_ended(AttemptEnded(inst.key, inst.attempt, "lost", row.started_at,
                                          time.time(), "",
                                          "the driving process died while the attempt ran", ""))
         for target, reason in decision.moves:
@@ -224,6 +239,12 @@ class Runner:
                 except Exception:  # a progress display must never break a run
                     log.exception("progress callback failed")
 
+    def _attempt_ended(self, record: AttemptEnded) -> None:
+        """Record how an attempt ended (observers hear of it after the commit)."""
+        self.buf.append(record)
+        if self.hook_attempt is not None:
+            self.ended.append(record)
+
     def _note(self, key: str, attempt: int, kind: str, message: str) -> None:
         log.warning("run %s task %s attempt %d: %s", self.run_id, key, attempt, message)
         self.buf.append(Notice(key, attempt, kind, message, time.time()))
@@ -238,6 +259,16 @@ class Runner:
         if self.changes:
             changes, self.changes = self.changes, []
             self._notify(changes)
+        if self.ended:
+            ended, self.ended = self.ended, []
+            for a in ended:
+                try:
+                    self.hook_attempt(run_id=self.run_id, task_key=a.task_key,  # type: ignore[misc]
+                                      attempt=a.attempt, outcome=a.outcome,
+                                      started_at=a.started_at, ended_at=a.ended_at,
+                                      error_type=a.error_type, error_message=a.error_message)
+                except Exception:  # observers must never break a run
+                    log.exception("ledgerflow_attempt_finished hook failed")
 
     def _commit(self) -> None:
         """Flush, then hand the attempts dispatched meanwhile to the executor."""
@@ -478,7 +509,7 @@ class Runner:
         self.timed_out[job_id] = (inst.key, inst.attempt)
         limit = inst.node.task.options.timeout
         assert limit is not None
-        self.buf.append(AttemptEnded(inst.key, inst.attempt, "timeout", None, time.time(),
+        self._attempt_ended(AttemptEnded(inst.key, inst.attempt, "timeout", None, time.time(),
                                      "TimeoutError",
                                      f"no result within {limit:g}s; attempt abandoned", ""))
         try:
@@ -511,7 +542,7 @@ class Runner:
                 and inst.state == _RUNNING:
             # it ran past its deadline before the timer could fire (e.g. inline): the
             # attempt timed out and its result is late, so it is rejected, not applied
-            self.buf.append(AttemptEnded(inst.key, inst.attempt, "timeout", c.started_at,
+            self._attempt_ended(AttemptEnded(inst.key, inst.attempt, "timeout", c.started_at,
                                          c.ended_at, "TimeoutError",
                                          f"no result within {limit:g}s", ""))
             self._note(inst.key, inst.attempt, "late_result_rejected",
@@ -520,7 +551,7 @@ class Runner:
             self._retry_or_fail(inst, f"attempt {inst.attempt} timed out after {limit:g}s",
                                 None)
             return
-        self.buf.append(AttemptEnded(inst.key, inst.attempt, c.outcome, c.started_at,
+        self._attempt_ended(AttemptEnded(inst.key, inst.attempt, c.outcome, c.started_at,
                                      c.ended_at, c.error_type, c.error_message, c.traceback))
         for direction, uri, chash, attrs in c.lineage:
             self.buf.append(ArtifactRecorded(inst.key, inst.attempt, direction, uri, chash,

@@ -34,8 +34,13 @@ class TaskState(str, Enum):
 
 
 class RunState(str, Enum):
-    """Where a run is in its life. Values are persisted: never rename one."""
+    """Where a run is in its life. Values are persisted: never rename one.
 
+    ``submitted``: recorded by ``pipeline submit``, waiting for a driver
+    (``pipeline worker`` or ``pipeline resume`` takes it over).
+    """
+
+    SUBMITTED = "submitted"
     RUNNING = "running"
     CANCELLING = "cancelling"
     SUCCEEDED = "succeeded"
@@ -96,6 +101,7 @@ NOT_STARTED: Final[frozenset[TaskState]] = frozenset({_T.PENDING, _T.READY, _T.R
 _R = RunState
 #: Legal run transitions within one drive.
 RUN_TRANSITIONS: Final[Mapping[RunState, frozenset[RunState]]] = {
+    _R.SUBMITTED: frozenset({_R.CANCELLED}),
     _R.RUNNING: frozenset({_R.SUCCEEDED, _R.FAILED, _R.CANCELLING, _R.CANCELLED}),
     _R.CANCELLING: frozenset({_R.CANCELLED, _R.FAILED, _R.SUCCEEDED}),
     _R.SUCCEEDED: frozenset(),
@@ -106,6 +112,7 @@ RUN_TRANSITIONS: Final[Mapping[RunState, frozenset[RunState]]] = {
 #: What a new driver may do when it takes a run over (``pipeline resume``): a
 #: run whose driver died is still ``running`` or ``cancelling`` in the ledger.
 RUN_RESUME_TRANSITIONS: Final[Mapping[RunState, frozenset[RunState]]] = {
+    _R.SUBMITTED: frozenset({_R.RUNNING}),
     _R.RUNNING: frozenset({_R.RUNNING}),
     _R.CANCELLING: frozenset({_R.RUNNING}),
     _R.FAILED: frozenset({_R.RUNNING}),
@@ -169,7 +176,8 @@ def run_transition(run_id: str, current: str | None, target: str, *,
                    resume: bool = False) -> RunState:
     """Return ``target`` if a run may go ``current -> target``, else raise.
 
-    ``current=None`` is the creation of a run (only to ``running``);
+    ``current=None`` is the creation of a run (to ``running``, or ``submitted``
+    for a run recorded without a driver);
     ``resume=True`` is a takeover (:data:`RUN_RESUME_TRANSITIONS`).
 
     Example:
@@ -177,7 +185,7 @@ def run_transition(run_id: str, current: str | None, target: str, *,
         <RunState.RUNNING: 'running'>
     """
     if current is None:
-        ok = target == _R.RUNNING and not resume
+        ok = target in (_R.RUNNING, _R.SUBMITTED) and not resume
     elif current not in _RUN_VALUES:
         ok = False
     else:

@@ -66,3 +66,20 @@ def test_a_same_named_pipeline_of_this_process_is_not_used(tmp_path: Path, write
         raise AssertionError("resume drove another pipeline of the same name")
     run = ledgerflow.get_run(run_id, store=ledger).status()
     assert set(run.tasks) == {"boom"}
+
+
+def test_a_submitted_run_waits_for_a_driver_and_can_be_cancelled(tmp_path: Path,
+                                                                 write_flow) -> None:
+    from ledgerflow import control
+    ledger = str(tmp_path / "l.duckdb")
+    flow = write_flow(FLOW.format(name="later").replace("raise ValueError(\"fails on purpose\")",
+                                                        "return 7"))
+    first = control.submit(flow, store=ledger)
+    second = control.submit(flow, store=ledger)
+    assert ledgerflow.get_run(first, store=ledger).status().state == "submitted"
+    assert not ledgerflow.get_run(first, store=ledger).status().tasks
+    run = ledgerflow.resume(first, store=ledger, executor="inline")
+    assert run.state == "succeeded" and run.result() == 7
+    ledgerflow.cancel(second, store=ledger)
+    view = ledgerflow.get_run(second, store=ledger).status()
+    assert (view.state, view.reason) == ("cancelled", "cancelled before a driver took it")
