@@ -32,7 +32,7 @@ from .launch import submit as launch_submit
 from .loading import abs_target, load_module, load_target, pipelines_in
 from .pipeline import Pipeline
 from .resume import decide
-from .states import RUN_TERMINAL, RunState
+from .states import RUN_TERMINAL, RunState, TaskState
 from .views import RunView
 
 __all__ = [
@@ -59,11 +59,11 @@ __all__ = [
 def run(target: Pipeline[..., Any] | str, /, *args: Any, params: dict[str, Any] | None = None,
         store: StoreArg = None, executor: object = None, workers: int | None = None,
         fail_fast: bool | None = None, wait: bool = True, progress: Any = None,
-        **kwparams: Any) -> Run:
+        logs: bool | None = None, **kwparams: Any) -> Run:
     """Run a pipeline object or ``FILE.py[:NAME]`` target; return the :class:`Run`."""
     pipe = load_target(target) if isinstance(target, str) else target
     return start(pipe, args, {**(params or {}), **kwparams}, store=store, executor=executor,
-                 workers=workers, fail_fast=fail_fast, wait=wait, progress=progress,
+                 workers=workers, fail_fast=fail_fast, wait=wait, progress=progress, logs=logs,
                  target=abs_target(target, pipe.name) if isinstance(target, str) else None)
 
 
@@ -109,7 +109,8 @@ def recorded_pipeline(view: RunView) -> Pipeline[..., Any]:
 def resume(run_id: str, *, store: StoreArg = None, executor: object = None,
            workers: int | None = None, fail_fast: bool | None = None, wait: bool = True,
            pipeline: Pipeline[..., Any] | None = None, progress: Any = None,
-           cancel_event: threading.Event | None = None, dask_address: str | None = None) -> Run:
+           cancel_event: threading.Event | None = None, dask_address: str | None = None,
+           logs: bool | None = None) -> Run:
     """Continue ``run_id``: keep its successes, retry lost tasks, reset failed ones.
 
     The pipeline is loaded from the run's recorded target unless ``pipeline``
@@ -119,7 +120,8 @@ def resume(run_id: str, *, store: StoreArg = None, executor: object = None,
         NotResumableError: the run succeeded, its driver is still alive, or its
             pipeline cannot be loaded.
     """
-    settings = settings_for(store, executor, workers, fail_fast, dask_address=dask_address)
+    settings = settings_for(store, executor, workers, fail_fast, dask_address=dask_address,
+                            logs=logs)
     st = store_for(settings, store)
     view = st.get_run(run_id, tasks=False)
     refuse_resume(view)
@@ -133,8 +135,15 @@ def plan_resume(run_id: str, *, store: StoreArg = None) -> list[tuple[str, str, 
     st = open_ledger(store)
     with quiet_gc():
         view = st.get_run(run_id, upstream=False)
-    return [(row.key, d.action.value, d.why)
-            for row in view.tasks.values() for d in (decide(row),)]
+    if view.active and view.driver_alive:
+        raise NotResumableError(
+            f"run {run_id} is being driven right now (pid {view.driver_pid} on "
+            f"{view.driver_host}): a resume would be refused, so there is nothing to plan",
+            hint=f"wait for it (pipeline status {run_id}), or stop it: pipeline cancel {run_id}")
+    return [(row.key, d.action.value, d.why) for row in view.tasks.values()
+            for d in (decide(row, result_missing=row.state == TaskState.SUCCEEDED
+                             and row.result_uri is not None
+                             and not st.blob_exists(row.result_uri)),)]
 
 
 def get_run(run_id: str, *, store: StoreArg = None) -> Run:

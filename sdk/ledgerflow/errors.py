@@ -5,13 +5,14 @@ one-line fix (``exc.hint``); the CLI prints them as ``Error:`` and ``Hint:``
 and exits with ``exc.exit_code``::
 
     PipelineError
-    ├─ DefinitionError ─ DuplicateTaskError, CycleError (also graphlib.CycleError)
+    ├─ DefinitionError ─ DuplicateTaskError, CycleError (also graphlib.CycleError),
+    │                    PipelineBodyError
     ├─ InputError ─ ParameterBindError ─ MissingInputError
     ├─ TaskFailedError      (__cause__ = the user's exception)
     ├─ RunError ─ RunNotFoundError, NotResumableError, RunFailedError, LeaseLostError,
     │             RunEndedError
     ├─ StoreError ─ StoreLockedError, SchemaVersionError, NotALedgerError,
-    │               DamagedLedgerError, JournalDamagedError
+    │               DamagedLedgerError, JournalDamagedError, MissingResultError
     ├─ PluginError, ConfigError
     └─ InvalidTransitionError   (internal invariant: a bug, please report it)
 
@@ -58,6 +59,14 @@ class CycleError(DefinitionError, graphlib.CycleError):
         DefinitionError.__init__(
             self, message, hint="remove one of these 'after' edges so the graph is acyclic",
             problems=problems or [message])
+
+
+class PipelineBodyError(DefinitionError):
+    """The pipeline body failed while it was traced (``where``: the user's file:line)."""
+
+    def __init__(self, message: str, *, hint: str | None = None, where: str = "") -> None:
+        super().__init__(message, hint=hint)
+        self.where = where
 
 
 class InputError(PipelineError):
@@ -141,6 +150,10 @@ class JournalDamagedError(StoreError):
     """A run's journal is damaged before the run's first record."""
 
     default_hint = "pipeline doctor explains it; pipeline repair rebuilds the ledger"
+
+
+class MissingResultError(StoreError):
+    """A committed result's file is gone from the ledger's side folder."""
 
 
 class PluginError(PipelineError):

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from . import capture
 from .context import RunContext, TaskCancelled, TaskTimedOut, run_in_context
 from .results import Encoded, encode
 
@@ -32,6 +33,8 @@ class Job:
     idempotency_key: str = ""       # "" = derived from run id and task key when asked for
     timeout: float | None = None
     task_name: str = ""
+    #: Echo the attempt's output to stderr, prefixed with the task key, as it is written.
+    echo: bool = False
 
 
 @dataclass(slots=True)
@@ -55,6 +58,9 @@ class Completion:
     ended_at: float = 0.0
     lineage: list[tuple[str, str, str | None, dict[str, str]]] = field(default_factory=list)
     has_value: bool = True
+    #: What the attempt wrote (stdout, stderr, logging), and how much was cut from it.
+    log: str = ""
+    log_dropped: int = 0
 
 
 @runtime_checkable
@@ -101,7 +107,19 @@ def runs_in_driver(executor: object) -> bool:
 
 def execute(job: Job, cancel: Callable[[], bool] | None = None, *,
             keep_value: bool = True) -> Completion:
-    """Run ``job`` here and now; never raises (outcomes carry the errors)."""
+    """Run ``job`` here and now; never raises (outcomes carry the errors).
+
+    What the attempt writes to stdout, stderr and ``logging`` is captured into
+    the Completion (:mod:`ledgerflow.capture`).
+    """
+    with capture.attempt(job.task_key, echo=job.echo) as out:
+        c = _execute(job, cancel, keep_value)
+    c.log = out.text()
+    c.log_dropped = out.dropped
+    return c
+
+
+def _execute(job: Job, cancel: Callable[[], bool] | None, keep_value: bool) -> Completion:
     ctx = RunContext(run_id=job.run_id, task_key=job.task_key, attempt=job.attempt,
                      _idempotency_key=job.idempotency_key, _cancel=cancel)
     started = time.time()

@@ -219,6 +219,12 @@ class Run:
         """Rejected late or duplicate results and other notes."""
         return self.store.notices(self.run_id)
 
+    def logs(self, task_key: str | None = None, attempt: int | None = None
+             ) -> list[dict[str, Any]]:
+        """What attempts wrote (stdout, stderr, logging): one dict per attempt with
+        ``task_key``, ``attempt``, ``stream``, ``text`` and ``dropped`` (bytes cut)."""
+        return self.store.logs(self.run_id, task_key, attempt)
+
     def result(self, task_key: str | None = None) -> Any:
         """Return the pipeline's return value, or one task's result.
 
@@ -324,13 +330,14 @@ def start(pipe: Pipeline[..., Any], args: Sequence[Any], params: dict[str, Any],
           fail_fast: bool | None = None, wait: bool = True, run_id: str | None = None,
           target: str | None = None, progress: Any = None,
           cancel_event: threading.Event | None = None, dask_address: str | None = None,
-          graph: Graph | None = None) -> Run:
+          graph: Graph | None = None, logs: bool | None = None) -> Run:
     """Validate, record and drive a new run of ``pipe`` (see :meth:`Pipeline.run`).
 
     ``graph``: the graph already built from these parameters (the CLI builds it
     to validate before printing the run id), so the body is traced once.
     """
-    settings = settings_for(store, executor, workers, fail_fast, dask_address=dask_address)
+    settings = settings_for(store, executor, workers, fail_fast, dask_address=dask_address,
+                            logs=logs)
     values = pipe.bind(*args, **params)
     if graph is None:
         graph = pipe.build(**values)          # validation before anything is written

@@ -58,7 +58,7 @@ def apply(view: RunView, records: Iterable[Record]) -> RunView:
                 row.started_at = e.ts
             if to == _PENDING and e.from_state is not None:     # a resume reset
                 row.budget_base = e.attempt
-                row.ended_at = None
+                row.ended_at = row.started_at = None            # timed afresh
             elif to in _TERMINAL:
                 row.ended_at = e.ts
             if e.seq > view.max_seq:

@@ -45,6 +45,7 @@ from .records import (
     ArtifactRecorded,
     AttemptEnded,
     DriverHeader,
+    LogRecorded,
     Notice,
     Record,
     ResultRecorded,
@@ -143,6 +144,7 @@ class Runner:
         self.in_driver = runs_in_driver(executor)
         self.workers = 1 if self.in_driver else settings.workers
         self.inline_when_alone = inline_when_alone(executor)
+        self.echo = settings.logs
 
     # -- the run's own records ----------------------------------------------------------
     def create(self, *, pipeline: str, target: str | None, params: dict[str, Any],
@@ -210,11 +212,16 @@ class Runner:
             self.active += 1
         inst.attempt = row.attempts
         inst.used = row.attempts - row.budget_base
-        if inst.state == _SUCCEEDED:
+        missing = inst.state == _SUCCEEDED and row.result_uri is not None \
+            and not self.store.blob_exists(row.result_uri)
+        if inst.state == _SUCCEEDED and not missing:
             inst.hash = row.result_hash
             inst.ref = (row.result_kind or "json", row.result_data, row.result_uri)
             return
-        decision = decide(row, inst.node.task.options.retries)
+        decision = decide(row, inst.node.task.options.retries, result_missing=missing)
+        if missing:
+            self._note(inst.key, inst.attempt, "result_missing",
+                       f"its result file {row.result_uri} is gone; the task runs again")
         if decision.lost:
             self._attempt_ended(AttemptEnded(inst.key, inst.attempt, "lost", row.started_at,
                                          time.time(), "",
@@ -433,6 +440,8 @@ class Runner:
         inst.fp = finish_fingerprint(base, literals, ups)
         if opts.cache:
             hit = self.cache.get(inst.fp)
+            if hit is not None and hit[5] is not None and not self.store.blob_exists(hit[5]):
+                hit = None      # its result file is gone: run the task instead
             if hit is not None:
                 src_run, src_key, chash, kind, data, uri, size = hit
                 inst.hash = chash
@@ -448,7 +457,8 @@ class Runner:
         self.next_job += 1
         job = Job(id=self.next_job, run_id=self.run_id, task_key=inst.key,
                   attempt=inst.attempt, fn=node.task, args=args, kwargs=kwargs,
-                  timeout=opts.timeout, task_name=node.task.name)  # idempotency key: lazily
+                  timeout=opts.timeout, task_name=node.task.name,  # idempotency key: lazily
+                  echo=self.echo)
         inst.job = job
         self.jobs[job.id] = inst
         self.inflight += 1
@@ -537,6 +547,9 @@ class Runner:
         self.inflight -= 1
         self.finished[c.job_id] = (inst, inst.attempt)
         inst.job = None
+        if c.log:
+            self.buf.append(LogRecorded(inst.key, inst.attempt, "output", c.log,
+                                        c.log_dropped))
         limit = inst.node.task.options.timeout
         if limit is not None and c.outcome == "ok" and c.ended_at - c.started_at > limit \
                 and inst.state == _RUNNING:

@@ -81,8 +81,10 @@ TASK_TRANSITIONS: Final[Mapping[TaskState, frozenset[TaskState]]] = {
 }
 
 #: The only edges a resume adds: a task that did not succeed goes back to
-#: ``pending`` with a fresh attempt budget.
+#: ``pending`` with a fresh attempt budget; so does a success whose result file
+#: is gone (deleted by hand), since nothing can read it any more.
 TASK_RESUME_TRANSITIONS: Final[Mapping[TaskState, frozenset[TaskState]]] = {
+    _T.SUCCEEDED: frozenset({_T.PENDING}),
     _T.FAILED: frozenset({_T.PENDING}),
     _T.CANCELLED: frozenset({_T.PENDING}),
     _T.UPSTREAM_FAILED: frozenset({_T.PENDING}),
@@ -92,7 +94,7 @@ TASK_RESUME_TRANSITIONS: Final[Mapping[TaskState, frozenset[TaskState]]] = {
 TERMINAL: Final[frozenset[TaskState]] = frozenset(
     s for s, targets in TASK_TRANSITIONS.items() if not targets)
 #: Terminal but not a success (a resume resets these).
-FAILED_LIKE: Final[frozenset[TaskState]] = frozenset(TASK_RESUME_TRANSITIONS)
+FAILED_LIKE: Final[frozenset[TaskState]] = frozenset(TASK_RESUME_TRANSITIONS) - {_T.SUCCEEDED}
 #: A task whose attempt may still be executing somewhere.
 IN_FLIGHT: Final[frozenset[TaskState]] = frozenset({_T.RUNNING, _T.CANCELLING})
 #: A task a cancel moves straight to ``cancelled`` (nothing of it runs).

@@ -36,6 +36,18 @@ def step(log: str, name: str, delay: float = 0.0, *deps: object) -> str:
     return name
 
 
+@task
+def meet(log: str, name: str, other: str, *deps: object) -> str:
+    """Start, then wait (up to 30 s) until ``other`` started too: ends only if both ran
+    at once."""
+    _log(Path(log), name, "start")
+    end = time.monotonic() + 30
+    while time.monotonic() < end and f" {other} start" not in Path(log).read_text():
+        time.sleep(0.01)
+    _log(Path(log), name, "end")
+    return name
+
+
 def _states(run: ledgerflow.Run) -> dict[str, tuple[str, int]]:
     return {t.key: (t.state, t.attempts) for t in run.status().tasks.values()}
 
@@ -67,8 +79,8 @@ def test_diamond_runs_branches_concurrently(tmp_path: Path, ledger: str, executo
     @pipeline
     def diamond():
         a = step(log, "A")
-        b = step(log, "B", 0.4, a)
-        c = step(log, "C", 0.4, a)
+        b = meet(log, "B", "C", a)
+        c = meet(log, "C", "B", a)
         return step(log, "D", 0.0, b, c)
 
     run = diamond.run(store=ledger, workers=2,

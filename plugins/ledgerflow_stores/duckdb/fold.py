@@ -105,14 +105,21 @@ def _append_sql(kind: type[Record], source: str) -> str:
 _STAGED: dict[str, type[Record]] = {"E": Transition, "A": AttemptEnded, "R": ResultRecorded}
 #: Per staged kind: the per-task summary of a batch, and the ``tasks`` columns it sets.
 _SUMMARIES: dict[str, tuple[str, str]] = {
+    # a resume reset (to pending from a state) times the task afresh: its start is the
+    # first running after the last reset
     "E": ("""SELECT task_key, arg_max(to_state, seq) AS state, max(attempt) AS attempts,
-                    min(ts) FILTER (WHERE to_state = 'running') AS started_at,
+                    min(ts) FILTER (WHERE to_state = 'running' AND seq > coalesce(reset_seq, -1))
+                        AS started_at,
                     arg_max(ts, seq) AS last_at,
                     arg_max(attempt, seq) FILTER (WHERE to_state = 'pending'
                                                   AND from_state IS NOT NULL) AS budget_base
-              FROM lf_e GROUP BY task_key""",
+              FROM (SELECT *, max(seq) FILTER (WHERE to_state = 'pending'
+                                               AND from_state IS NOT NULL)
+                              OVER (PARTITION BY task_key) AS reset_seq FROM lf_e)
+              GROUP BY task_key""",
           f"""state = coalesce(e.state, tasks.state),
-              started_at = coalesce(tasks.started_at, e.started_at),
+              started_at = CASE WHEN e.budget_base IS NOT NULL THEN e.started_at
+                                ELSE coalesce(tasks.started_at, e.started_at) END,
               ended_at = CASE WHEN e.state IN {_TERMINAL_SQL} THEN e.last_at
                               WHEN e.budget_base IS NOT NULL THEN NULL
                               ELSE tasks.ended_at END,

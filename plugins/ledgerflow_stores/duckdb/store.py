@@ -100,7 +100,8 @@ class DuckDBStore:
     def _lease(self, run_id: str, token: int) -> None:
         self.leases.write(run_id, token)
         self.journals.start(run_id, token)
-        self._beats[run_id] = Heartbeat(self.leases, run_id, token)
+        self._beats[run_id] = Heartbeat(self.leases, run_id, token,
+                                        lambda: self.journals.newest_token(run_id))
         self._background[run_id] = BackgroundFold(self._fold_bite, run_id, self.policy)
 
     def take_over(self, run_id: str) -> Lease:
@@ -109,7 +110,7 @@ class DuckDBStore:
             row = con.execute("SELECT token FROM runs WHERE run_id = ?", [run_id]).fetchall()
             if not row:
                 raise RunNotFoundError(f"no run {run_id!r} in {self.location}")
-            if self.leases.alive(run_id):
+            if self.driver_alive(run_id):
                 lease = self.leases.read(run_id) or {}
                 raise NotResumableError(
                     f"run {run_id} is still being driven by pid {lease.get('pid')} on "
@@ -251,7 +252,7 @@ class DuckDBStore:
             view = RunView(run_id)
         apply(view, tail)
         view.damage = "; ".join(damage) or None
-        view.driver_alive = self.leases.alive(run_id) if view.state in _ACTIVE else False
+        view.driver_alive = self.driver_alive(run_id) if view.state in _ACTIVE else False
         return view
 
     def list_runs(self, limit: int = 50) -> list[RunView]:
@@ -265,7 +266,7 @@ class DuckDBStore:
         out = sorted(views.values(), key=lambda v: v.created_at, reverse=True)[:limit]
         for v in out:
             if v.state in _ACTIVE and v.driver_alive is None:
-                v.driver_alive = self.leases.alive(v.run_id)
+                v.driver_alive = self.driver_alive(v.run_id)
         return out
 
     def request_cancel(self, run_id: str) -> None:
@@ -313,8 +314,9 @@ class DuckDBStore:
                 and (attempt is None or r.attempt == attempt)]
 
     def driver_alive(self, run_id: str) -> bool:
-        """True if the lease of ``run_id`` is held by a live process."""
-        return self.leases.alive(run_id)
+        """True if a live process drives ``run_id``: its lease names one, or one holds
+        the lock on a journal segment (liveness does not rest on one file)."""
+        return self.leases.alive(run_id) or self.journals.held(run_id)
 
     def close(self) -> None:
         for run_id, token in self.journals.open_runs():

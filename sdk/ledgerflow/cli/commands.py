@@ -19,7 +19,7 @@ from .. import control as api
 from ..errors import InputError, PluginError
 from ..launch import Run
 from ..states import RunState
-from ..views import counts_text, lineage_of
+from ..views import RunView, counts_text, lineage_of
 from .guard import guard
 from .params import convert_params
 from .render import dumps, out, progress_for, summary
@@ -33,6 +33,9 @@ EXECUTOR = click.option("--executor", envvar="LEDGERFLOW_EXECUTOR", metavar="NAM
                         "mock, dask... (pipeline plugins lists them) [env LEDGERFLOW_EXECUTOR].")
 WORKERS = click.option("--workers", envvar="LEDGERFLOW_WORKERS", type=click.IntRange(1),
                        help="Tasks run at once [env LEDGERFLOW_WORKERS; default 4].")
+LOGS = click.option("--logs", is_flag=True, envvar="LEDGERFLOW_LOGS",
+                    help="Echo what tasks print and log to stderr, prefixed with the task key "
+                    "(always kept per attempt: pipeline logs) [env LEDGERFLOW_LOGS].")
 DASK = click.option("--dask-address", envvar="LEDGERFLOW_DASK_ADDRESS", metavar="URL",
                     help="Dask scheduler, e.g. tcp://127.0.0.1:8786 [env LEDGERFLOW_DASK_ADDRESS].")
 
@@ -78,7 +81,22 @@ def main(debug: bool) -> None:
 
 def _drive(start: Callable[[threading.Event, Any], Run], as_json: bool,
            initial: dict[str, int] | None = None) -> Run:
-    """Drive a run in this process with Ctrl-C as cancel and a progress display."""
+    """Drive a run in this process with Ctrl-C as cancel and a progress display.
+
+    With ``--json`` stdout holds the document alone: anything else written
+    meanwhile (a pipeline body's prints, echoed logs) goes to stderr.
+    """
+    if as_json:
+        real, sys.stdout = sys.stdout, sys.stderr
+        try:
+            return _driven(start, True, initial)
+        finally:
+            sys.stdout = real
+    return _driven(start, False, initial)
+
+
+def _driven(start: Callable[[threading.Event, Any], Run], as_json: bool,
+            initial: dict[str, int] | None) -> Run:
     cancel = threading.Event()
     presses = {"n": 0}
 
@@ -99,6 +117,11 @@ def _drive(start: Callable[[threading.Event, Any], Run], as_json: bool,
         signal.signal(signal.SIGINT, old)
         if progress is not None:
             progress.close()
+
+
+def _one_line(row: dict[str, Any]) -> str:
+    import json
+    return json.dumps(row)
 
 
 def _finish(run: Run, as_json: bool) -> None:
@@ -123,19 +146,27 @@ def _finish(run: Run, as_json: bool) -> None:
 @DASK
 @click.option("--fail-fast", is_flag=True, envvar="LEDGERFLOW_FAIL_FAST",
               help="Stop dispatching at the first failure [env LEDGERFLOW_FAIL_FAST].")
+@LOGS
 @JSON
 @guard
 def run(target: str, params: tuple[str, ...], store: str | None, executor: str | None,
-        workers: int | None, dask_address: str | None, fail_fast: bool, as_json: bool) -> None:
+        workers: int | None, dask_address: str | None, fail_fast: bool, logs: bool,
+        as_json: bool) -> None:
     """Run a pipeline: FILE.py[:PIPELINE], a module:PIPELINE, or a .json/.toml spec.
 
     \b
     Example:
       pipeline run recipes/doc_index/pipeline.py -p source=docs/ --workers 2
     """
-    pipe = api.load_target(target)
-    values = convert_params(pipe, params)
-    graph = pipe.build(**values)            # validate before anything is written
+    real = sys.stdout
+    if as_json:
+        sys.stdout = sys.stderr     # a pipeline module's or body's prints: not into the JSON
+    try:
+        pipe = api.load_target(target)
+        values = convert_params(pipe, params)
+        graph = pipe.build(**values)            # validate before anything is written
+    finally:
+        sys.stdout = real
     api.check_executor(executor)
     run_id = api.new_run_id()
     if not as_json:
@@ -145,7 +176,8 @@ def run(target: str, params: tuple[str, ...], store: str | None, executor: str |
         return api.start(pipe, (), values, store=store, executor=executor, workers=workers,
                          fail_fast=fail_fast or None, run_id=run_id,
                          target=api.abs_target(target, pipe.name), progress=progress,
-                         cancel_event=cancel, dask_address=dask_address, graph=graph)
+                         cancel_event=cancel, dask_address=dask_address, graph=graph,
+                         logs=logs or None)
 
     _finish(_drive(start, as_json), as_json)
 
@@ -158,10 +190,11 @@ def run(target: str, params: tuple[str, ...], store: str | None, executor: str |
 @EXECUTOR
 @WORKERS
 @DASK
+@LOGS
 @JSON
 @guard
 def resume(run_id: str, plan: bool, store: str | None, executor: str | None,
-           workers: int | None, dask_address: str | None, as_json: bool) -> None:
+           workers: int | None, dask_address: str | None, logs: bool, as_json: bool) -> None:
     """Continue a run: keep its successes, retry lost tasks, reset failed ones.
 
     \b
@@ -189,7 +222,8 @@ def resume(run_id: str, plan: bool, store: str | None, executor: str | None,
 
     def start(cancel: threading.Event, progress: Any) -> Run:
         return api.resume(run_id, store=store, executor=executor, workers=workers,
-                          progress=progress, cancel_event=cancel, dask_address=dask_address)
+                          progress=progress, cancel_event=cancel, dask_address=dask_address,
+                          logs=logs or None)
 
     _finish(_drive(start, as_json, prior.counts()), as_json)
 
@@ -211,25 +245,109 @@ def cancel(run_id: str, store: str | None) -> None:
 
 @main.command()
 @click.argument("run_id")
+@click.option("--task", "task_key", metavar="KEY", envvar="LEDGERFLOW_TASK",
+              help="One task: every attempt with outcome, duration, error and traceback.")
+@click.option("--all", "all_rows", is_flag=True,
+              help="One row per task even for big runs (default: by task name above 500).")
 @STORE
 @JSON
 @guard
-def status(run_id: str, store: str | None, as_json: bool) -> None:
-    """Show a run's state and each task's state, attempts, time and error.
+def status(run_id: str, task_key: str | None, all_rows: bool, store: str | None,
+           as_json: bool) -> None:
+    """Show a run's state, its root cause, and each task's state, attempts, time and error.
 
     \b
     Example:
       pipeline status 20261129-194138-3fa9c2 --json
+      pipeline status 20261129-194138-3fa9c2 --task 'embed[a.md]'
     """
     st = api.open_ledger(store)
     view = st.get_run(run_id, upstream=False)
+    if task_key is not None:
+        _task_status(st, view, task_key, as_json)
+        return
     if as_json:
         out(dumps(view.as_json()))
         return
-    summary(view, all_rows=True)
+    summary(view, all_rows=True, every_row=all_rows)
+    if view.damage:
+        out(f"damaged: {view.damage}")
+        out("  (the records after the damage are not applied; pipeline doctor explains it)")
     notes = st.notices(run_id)
     for n in notes[:20]:
         out(f"notice: {n['task_key']} attempt {n['attempt']}: {n['kind']}: {n['message']}")
+
+
+def _task_status(st: Any, view: RunView, task_key: str, as_json: bool) -> None:
+    row = view.tasks.get(task_key)
+    if row is None:
+        raise InputError(f"run {view.run_id} has no task {task_key!r}",
+                         hint=f"list its tasks with: pipeline status {view.run_id}")
+    attempts = st.attempts(view.run_id, task_key)
+    if as_json:
+        out(dumps({**row.as_json(), "attempts": attempts}))
+        return
+    cached = f" (cached from {row.cached_from})" if row.cached_from else ""
+    out(f"task {row.key} ({row.task_name}): {row.state}{cached}, "
+        f"{row.attempts} attempt(s)")
+    if row.error:
+        out(f"  error: {row.error}")
+    for a in attempts:
+        took = (f"{a['ended_at'] - a['started_at']:.3f}s"
+                if a["started_at"] is not None and a["ended_at"] is not None else "-")
+        err = f"  {a['error_type']}: {a['error_message']}" if a["outcome"] != "ok" else ""
+        out(f"  attempt {a['attempt']}: {a['outcome']:<9} {took:>9}{err}")
+        if a.get("traceback"):
+            for line in a["traceback"].rstrip().splitlines():
+                out(f"      {line}")
+    out(f"output: pipeline logs {view.run_id} --task '{row.key}'")
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--task", "task_key", metavar="KEY", envvar="LEDGERFLOW_TASK",
+              help="Only this task [env LEDGERFLOW_TASK].")
+@click.option("--attempt", type=click.IntRange(1), metavar="N",
+              help="Only this attempt (with --task).")
+@click.option("--follow", "-f", is_flag=True,
+              help="Keep printing attempts' output as they end, until the run ends.")
+@STORE
+@JSON
+@guard
+def logs(run_id: str, task_key: str | None, attempt: int | None, follow: bool,
+         store: str | None, as_json: bool) -> None:
+    """Print what tasks wrote (stdout, stderr, logging), per attempt.
+
+    \b
+    Example:
+      pipeline logs 20261129-194138-3fa9c2 --task 'embed[a.md]' --attempt 2
+    """
+    import time as _time
+    st = api.open_ledger(store)
+    view = st.get_run(run_id, tasks=task_key is not None)
+    if task_key is not None and task_key not in view.tasks:
+        raise InputError(f"run {run_id} has no task {task_key!r}",
+                         hint=f"list its tasks with: pipeline status {run_id}")
+    shown = 0
+    while True:
+        rows = st.logs(run_id, task_key, attempt)
+        fresh, shown = rows[shown:], len(rows)
+        if as_json and not follow:
+            out(dumps(rows))
+            return
+        for r in fresh:
+            if as_json:
+                out(_one_line(r))       # --follow --json: one JSON object per line
+                continue
+            cut = f", {r['dropped']} characters dropped" if r["dropped"] else ""
+            out(f"=== {r['task_key']} attempt {r['attempt']}{cut}")
+            text = r["text"]
+            out(text if text.endswith("\n") else text + "\n", nl=False)
+        if not follow or not st.get_run(run_id, tasks=False).active:
+            if not rows and not as_json:
+                out("no output recorded" + (f" for {task_key}" if task_key else ""))
+            return
+        _time.sleep(0.5)
 
 
 @main.command()
