@@ -170,6 +170,16 @@ class MemoryStore:
         return [attempt_dict(r) for r in self._rows(run_id, AttemptEnded)
                 if task_key is None or r.task_key == task_key]
 
+    def recover(self) -> None:
+        return None         # nothing is derived: reads fold the records themselves
+
+    def doctor(self) -> list[dict[str, Any]]:
+        return [{"problem": False, "what": f"memory store {self.location}: "
+                 f"{len(self._records)} run(s), nothing kept on disk", "fix": ""}]
+
+    def repair(self) -> tuple[str, list[str]]:
+        return "", []
+
     def close(self) -> None:
         return None
 

@@ -161,6 +161,7 @@ def runs(*, store: StoreArg = None, limit: int = 50) -> list[RunView]:
 def cancel(run_id: str, *, store: StoreArg = None) -> None:
     """Ask a run to cancel; its driver (in any process) picks it up within ~0.1 s."""
     st = open_ledger(store)
+    st.recover()
     view = st.get_run(run_id, tasks=False)
     if view.state in RUN_TERMINAL:
         raise RunEndedError(f"run {run_id} already ended {view.state}; nothing to cancel",

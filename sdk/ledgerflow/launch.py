@@ -344,6 +344,7 @@ def start(pipe: Pipeline[..., Any], args: Sequence[Any], params: dict[str, Any],
     ex = make_executor(executor if executor is not None and not isinstance(executor, str)
                        else settings.executor, settings)
     st = store_for(settings, store)
+    st.recover()          # what killed drivers left unfolded reaches the cache index
     run_id = run_id or new_run_id()
     cache = st.cache_lookup(sorted({n.task.name for n in graph if n.task.options.cache}))
     runner = _runner(graph, st, ex, settings, run_id, None, cache, progress, cancel_event)
@@ -410,6 +411,7 @@ def continue_run(pipe: Pipeline[..., Any], view: RunView, st: RunStore, *,
     graph = pipe.build(**json.loads(view.params))
     ex = make_executor(executor if executor is not None and not isinstance(executor, str)
                        else settings.executor, settings)
+    st.recover()
     lease: Lease = st.take_over(view.run_id)
     # re-read: the takeover folded what the old driver left
     with quiet_gc():

@@ -165,14 +165,26 @@ class LogRecorded(Record, tag="G"):
     dropped: int
 
 
+class Takeover(Record, tag="K"):
+    """Written by a store when a new driver takes a run over: the previous driver's
+    segment (``from_token``) counts up to byte ``from_offset``; what it wrote after
+    that is a superseded driver's and is never applied (``pipeline repair`` reads it)."""
+
+    from_token: int
+    from_offset: int
+    at: float
+
+
 AnyRecord = Union[RunDefined, DriverHeader, RunStateChanged, TaskCreated, Transition,  # noqa: UP007
-                  AttemptEnded, ResultRecorded, ArtifactRecorded, Notice, LogRecorded]
+                  AttemptEnded, ResultRecorded, ArtifactRecorded, Notice, LogRecorded,
+                  Takeover]
 
 #: Every record kind, by tag.
 KINDS: Final[dict[str, type[Record]]] = {
     cls.__struct_config__.tag: cls  # type: ignore[misc]
     for cls in (RunDefined, DriverHeader, RunStateChanged, TaskCreated, Transition,
-                AttemptEnded, ResultRecorded, ArtifactRecorded, Notice, LogRecorded)}
+                AttemptEnded, ResultRecorded, ArtifactRecorded, Notice, LogRecorded,
+                Takeover)}
 
 #: Kinds that describe the run itself (no task rows needed to apply them).
 RUN_KINDS: Final[tuple[type[Record], ...]] = (RunDefined, DriverHeader, RunStateChanged)

@@ -91,5 +91,16 @@ class RunStore(Protocol):
     def blob_exists(self, uri: str) -> bool:
         """True if the result file behind ``uri`` is still there."""
 
+    def recover(self) -> None:
+        """Bring what is derived from the records up to date (e.g. fold the journals a
+        killed driver left). Called by commands that may write, before they read."""
+
+    def doctor(self) -> list[dict[str, Any]]:
+        """What is wrong with the store: ``{"problem", "what", "fix"}`` per finding."""
+
+    def repair(self) -> tuple[str, list[str]]:
+        """Rebuild derived state from the records; return (where the old copy is kept,
+        what could not be kept)."""
+
     def close(self) -> None:
         """Release files and connections."""

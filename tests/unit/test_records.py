@@ -22,6 +22,7 @@ from ledgerflow.records import (
     ResultRecorded,
     RunDefined,
     RunStateChanged,
+    Takeover,
     TaskCreated,
     Transition,
 )
@@ -39,6 +40,7 @@ SAMPLES = [
     ArtifactRecorded("m[a]", 1, "output", "file:///x?y=1", None, {"rows": "3"}),
     Notice(None, None, "stale_driver_rejected", "rejected 3 record(s)", 7.5),
     LogRecorded("m[a]", 1, "output", "hello\n\tworld \u2603\n", 120),
+    Takeover(1, 4096, 8.5),
 ]
 
 

@@ -27,12 +27,13 @@ from typing import Any
 
 import duckdb
 
-from ledgerflow.errors import StoreLockedError
+from ledgerflow.errors import ConfigError, StoreLockedError
 from ledgerflow.records import (
     KINDS,
     AttemptEnded,
     Record,
     ResultRecorded,
+    Takeover,
     TaskCreated,
     Transition,
     columns,
@@ -67,6 +68,23 @@ class FoldPolicy:
     #: Fold the rest when a driver releases its run (False: leave it to the next
     #: writer or ``pipeline fold``, as after a crash; for drivers that must exit fast).
     fold_at_release: bool = True
+
+    @classmethod
+    def from_env(cls) -> FoldPolicy:
+        """The defaults, with ``LEDGERFLOW_FOLD_INTERVAL`` (seconds) and
+        ``LEDGERFLOW_FOLD_WAKE_BYTES`` (journal bytes that wake the background fold)."""
+        import os
+        kw: dict[str, Any] = {}
+        for name, key, kind in (("LEDGERFLOW_FOLD_INTERVAL", "interval", float),
+                                ("LEDGERFLOW_FOLD_WAKE_BYTES", "wake_bytes", int)):
+            raw = os.environ.get(name)
+            if raw:
+                try:
+                    kw[key] = kind(raw)
+                except ValueError:
+                    raise ConfigError(f"{name} must be a number, given: {raw!r}",
+                                      hint=f"unset {name} or set it to a number") from None
+        return cls(**kw)
 
 
 def _sql_cast(ann: Any, index: int) -> str:
@@ -250,12 +268,14 @@ class Fold:
         self.scratch = scratch
         self.policy = policy
 
-    def run(self, con: Any, run_id: str, max_bytes: int | None = None) -> bool:
+    def run(self, con: Any, run_id: str, max_bytes: int | None = None, *,
+            segs: list[tuple[int, Path]] | None = None) -> bool:
         """Fold ``run_id``'s journal; with ``max_bytes``, stop after about that much.
 
-        Returns True if journal was left unfolded because of ``max_bytes``.
+        ``segs``: these segments (archived ones too, for a rebuild) instead of the
+        live ones. Returns True if journal was left unfolded because of ``max_bytes``.
         """
-        segs = self.journals.segments(run_id)
+        segs = self.journals.segments(run_id) if segs is None else segs
         if not segs:
             return False
         # without a limit DuckDB keeps ~1 KB a folded task cached (the limit costs
@@ -280,12 +300,17 @@ class Fold:
             "SELECT token FROM journal_damage WHERE run_id = ?", [run_id]).fetchall()}
         row = con.execute("SELECT token FROM runs WHERE run_id = ?", [run_id]).fetchall()
         current = max([(row[0][0] or 0) if row else 0, *(t for t, _ in segs)])
+        cuts = _takeover_cuts(segs)
         for token, path in segs:
             if token in damaged:
                 continue        # used up to its damage; the rest is never applied
             start = folded.get(token, 0)
-            stale = token < current and token in folded
+            cut = cuts.get(token)
+            stale = token < current and (token in folded or cut is not None)
             for body, end in iter_lines(path, start, self.policy.batch_bytes):
+                if cut is not None and start < cut:
+                    # a rebuild: what the old driver wrote before the takeover counts
+                    body, end, stale = _before(body, end, cut), min(end, cut), False
                 if self._batch(con, run_id, token, stale, path, body, end):
                     break
                 if budget is not None:
@@ -343,6 +368,29 @@ class Fold:
 
     def _scratch(self) -> Path:
         return self.scratch / f"fold-{os.getpid()}-{threading.get_ident()}.json"
+
+
+def _takeover_cuts(segs: list[tuple[int, Path]]) -> dict[int, int]:
+    """``{token: offset}``: where later segments say an earlier one ends (Takeover)."""
+    cuts: dict[int, int] = {}
+    for _, path in segs:
+        for body, _end in iter_lines(path, 0, 4096):
+            first = body.split(b"\n", 1)[0]
+            _, recs, _why = check_line(first)
+            for rec in recs:
+                if isinstance(rec, Takeover):
+                    cuts[rec.from_token] = rec.from_offset
+            break
+    return cuts
+
+
+def _before(body: bytes, end: int, cut: int) -> bytes:
+    """The complete lines of ``body`` (which ends at ``end``) that end at or before ``cut``."""
+    start = end - len(body) - 1
+    if cut >= end:
+        return body
+    keep = max(0, cut - start - 1)
+    return body[:keep]
 
 
 def _verified(path: Path, body: bytes, end: int) -> tuple[bytes, int, Damage | None]:

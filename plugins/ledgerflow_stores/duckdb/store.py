@@ -16,14 +16,17 @@ work while a run is active. Leases and cancel requests are files
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ledgerflow.errors import (
+    DamagedLedgerError,
     JournalDamagedError,
     LeaseLostError,
     NotResumableError,
+    PipelineError,
     RunNotFoundError,
     StoreError,
     StoreLockedError,
@@ -38,13 +41,14 @@ from ledgerflow.records import (
     Notice,
     Record,
     RunDefined,
+    Takeover,
 )
 from ledgerflow.results import Encoded
 from ledgerflow.states import RUN_ACTIVE
 from ledgerflow.store import CacheHit, Lease
 from ledgerflow.views import RunView, attempt_dict, lineage_rows, log_dict, notice_dict
 
-from . import queries
+from . import doctor, queries
 from .blobs import Blobs
 from .connection import Ledger
 from .fold import RUN_TERMINAL_VALUES, BackgroundFold, Fold, FoldPolicy
@@ -76,7 +80,7 @@ class DuckDBStore:
                              hint="pass --store DIR/ledger.duckdb")
         self.location = str(p.resolve())
         self.side = Path(self.location + ".d")
-        self.policy = policy or FoldPolicy()
+        self.policy = policy or FoldPolicy.from_env()
         self.ledger = Ledger(self.location, lock_timeout if lock_timeout is not None else float(
             os.environ.get("LEDGERFLOW_LOCK_TIMEOUT", "30")))
         self.journals = Journals(self.side / "journals",
@@ -92,7 +96,12 @@ class DuckDBStore:
         if self.ledger.exists() and self.ledger.version is None:
             with self.ledger.connect(False):     # refuse a damaged or newer ledger first
                 pass
-        self._lease(run_id, 1)
+        try:
+            self._lease(run_id, 1)
+        except OSError as exc:
+            raise StoreError(f"cannot write the ledger's folder {self.side}: {exc.strerror}",
+                             hint="make it writable, or pass --store PATH in a writable "
+                             "folder") from None
         lease = Lease(run_id, 1)
         self.append(lease, records)
         return lease
@@ -117,10 +126,15 @@ class DuckDBStore:
                     f"{lease.get('host')}",
                     hint=f"wait for it, or stop it first: pipeline cancel {run_id}")
             seg_tokens = [t for t, _ in self.journals.segments(run_id)]
-            token = max([row[0][0] or 0, *seg_tokens]) + 1
+            previous = max([row[0][0] or 0, *seg_tokens])
+            token = previous + 1
+            folded = queries.folded_offsets(con, run_id)
             con.execute("UPDATE runs SET token = ? WHERE run_id = ?", [token, run_id])
             self.leases.clear_cancel(run_id)
             self._lease(run_id, token)
+            # where the old driver's segment ends for good (what repair folds up to)
+            self.journals.append(run_id, [Takeover(previous, folded.get(previous, 0),
+                                                   time.time())])
         return Lease(run_id, token)
 
     def append(self, lease: Lease, records: Sequence[Record]) -> None:
@@ -191,10 +205,34 @@ class DuckDBStore:
                         self.journals.archive(run_id)
                 return False
 
-    def fold(self) -> None:
-        """Fold every journal into the DuckDB file now."""
+    def fold(self) -> list[str]:
+        """Fold every journal whose driver is gone into the file now; return their runs."""
+        done = []
         for run_id in sorted(self.journals.runs()):
-            self.fold_run(run_id)
+            if not self.driver_alive(run_id):
+                self.fold_run(run_id, archive_finished=True)
+                done.append(run_id)
+        return done
+
+    def recover(self) -> None:
+        """Fold what drivers that stopped (killed) left unfolded, so the tables (and the
+        cache index, lineage, users' SQL) are current. Called by commands that write."""
+        try:
+            self.fold()
+        except PipelineError:
+            raise
+        except OSError as exc:
+            raise StoreError(f"cannot fold the journals of {self.location}: {exc}",
+                             hint="check the ledger folder's permissions") from None
+
+    def doctor(self) -> list[dict[str, Any]]:
+        """What is wrong with this ledger, in plain words (see :mod:`.doctor`)."""
+        return [f.as_json() for f in doctor.examine(self)]
+
+    def repair(self) -> tuple[str, list[str]]:
+        """Rebuild the tables from the journals; return where the old file is kept and
+        what was cut."""
+        return doctor.rebuild(self)
 
     # -- results -------------------------------------------------------------------------
     def put_blob(self, enc: Encoded) -> str | None:
@@ -244,6 +282,10 @@ class DuckDBStore:
             tail = [r for r in tail if isinstance(r, RUN_KINDS)]
         if view is None:
             if not any(isinstance(r, RunDefined) for r in tail):
+                if self.journals.archived(run_id):
+                    raise DamagedLedgerError(
+                        f"run {run_id} is in its journal but not in the ledger's tables",
+                        hint="pipeline repair rebuilds the tables from the journals")
                 if damage:
                     raise JournalDamagedError(
                         f"run {run_id} cannot be read: {damage[0]}",
