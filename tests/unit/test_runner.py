@@ -493,3 +493,24 @@ def test_objects_the_program_froze_stay_frozen() -> None:
         assert gc.get_freeze_count() > frozen - 100
     finally:
         gc.unfreeze()
+
+
+@task
+def tick(i: int) -> int:
+    time.sleep(0.01)
+    return i
+
+
+@pipeline
+def ticks(n: int = 300):
+    return tick.map(list(range(n)))
+
+
+def test_cancel_is_honoured_between_tasks_on_inline(ledger: str) -> None:
+    run = ticks.run(store=ledger, executor="inline", wait=False)
+    wait_until(lambda: run.status().counts().get("succeeded", 0) >= 20, what="20 tasks")
+    ledgerflow.cancel(run.run_id, store=ledger)        # as another process would
+    assert run.wait(timeout=30) == "cancelled"
+    counts = run.status().counts()
+    assert counts.get("succeeded", 0) < 150, counts
+    assert counts["cancelled"] == 300 - counts.get("succeeded", 0)
