@@ -42,6 +42,6 @@ def test_kernel_modules_do_not_import_the_driver_or_plugins(module: str) -> None
 def test_strict_typing() -> None:
     res = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--ignore-missing-imports",
                           "sdk/ledgerflow", "plugins/ledgerflow_executors",
-                          "plugins/ledgerflow_stores"], cwd=ROOT, capture_output=True,
+                          "plugins/ledgerflow_stores", "plugins/ledgerflow_agents"], cwd=ROOT, capture_output=True,
                          text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr

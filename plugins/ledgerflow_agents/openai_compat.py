@@ -20,14 +20,9 @@ without keys), ``timeout`` (seconds, default 60), ``pricing``
 
 from __future__ import annotations
 
-import email.utils
-import http.client
 import json
 import os
-import socket
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
@@ -58,6 +53,8 @@ def parse_retry_after(headers: Mapping[str, str] | Any, now: float | None = None
         >>> parse_retry_after({"Retry-After": "7"})
         7.0
     """
+    import email.utils
+
     ms = headers.get("retry-after-ms") or headers.get("Retry-After-Ms")
     if ms:
         try:
@@ -173,6 +170,9 @@ class OpenAICompatModel:
 
     def complete(self, request: ModelRequest, *, timeout: float | None = None) -> ModelResponse:
         """POST the request; parse the answer; map HTTP failures to typed errors."""
+        import http.client  # here, not at module level: plugin loading stays cheap
+        import urllib.error
+        import urllib.request
         secret = self._secret()
         body = self.wire_request(request)
         data = json.dumps(body, sort_keys=True).encode()
@@ -192,7 +192,7 @@ class OpenAICompatModel:
             raise ModelTimeout(f"{self.base_url} gave no answer within {limit}s",
                                timeout=limit) from exc
         except urllib.error.URLError as exc:
-            if isinstance(exc.reason, (TimeoutError, socket.timeout)):
+            if isinstance(exc.reason, TimeoutError):
                 raise ModelTimeout(f"{self.base_url} gave no answer within {limit}s",
                                    timeout=limit) from exc
             raise ProviderError(f"cannot reach {self.base_url}: {exc.reason}",
@@ -204,7 +204,7 @@ class OpenAICompatModel:
         latency = time.monotonic() - started
         return self._parse(request, body, raw, latency)
 
-    def _raise_http(self, exc: urllib.error.HTTPError, secret: str | None) -> NoReturn:
+    def _raise_http(self, exc: Any, secret: str | None) -> NoReturn:
         try:
             raw = exc.read()
         except OSError:

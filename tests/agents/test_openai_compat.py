@@ -244,7 +244,7 @@ def test_an_unreachable_server_is_a_retryable_error(monkeypatch: pytest.MonkeyPa
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]          # closed when the block ends: nothing listens
     m = OpenAICompatModel("m", base_url=f"http://127.0.0.1:{port}/v1")
-    with pytest.raises(ProviderError, match="cannot reach|connection") as info:
+    with pytest.raises(ProviderError, match=r"cannot reach|connection") as info:
         m.complete(ModelRequest([user("hi")]), timeout=5)
     assert info.value.retryable
 

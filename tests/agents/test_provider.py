@@ -93,7 +93,7 @@ def test_a_model_object_is_taken_as_it_is_and_junk_is_refused() -> None:
     mock = MockModel(turns=[])
     assert get_model(mock) is mock
     assert isinstance(mock, ChatModel)
-    with pytest.raises(PluginError, match="does not follow|has no name"):
+    with pytest.raises(PluginError, match=r"does not follow|has no name"):
         get_model(object())  # type: ignore[arg-type]
 
 
