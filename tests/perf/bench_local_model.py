@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.agents.conftest import TOOLS  # noqa: E402
+from tests.agents.conftest import TOOLS
 
 CASES = [("search the index for patents", "search_index"),
          ("read the document notes/readme.txt", "read_document"),
