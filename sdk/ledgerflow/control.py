@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from . import deciding
 from ._gc import quiet_gc
 from .errors import InputError, NotResumableError, RunEndedError
 from .launch import (
@@ -48,6 +49,7 @@ __all__ = [
     "open_ledger",
     "pipelines_in",
     "plan_resume",
+    "reject",
     "resume",
     "run",
     "runs",
@@ -110,7 +112,7 @@ def resume(run_id: str, *, store: StoreArg = None, executor: object = None,
            workers: int | None = None, fail_fast: bool | None = None, wait: bool = True,
            pipeline: Pipeline[..., Any] | None = None, progress: Any = None,
            cancel_event: threading.Event | None = None, dask_address: str | None = None,
-           logs: bool | None = None) -> Run:
+           logs: bool | None = None, wait_approvals: bool | None = None) -> Run:
     """Continue ``run_id``: keep its successes, retry lost tasks, reset failed ones.
 
     The pipeline is loaded from the run's recorded target unless ``pipeline``
@@ -121,9 +123,10 @@ def resume(run_id: str, *, store: StoreArg = None, executor: object = None,
             pipeline cannot be loaded.
     """
     settings = settings_for(store, executor, workers, fail_fast, dask_address=dask_address,
-                            logs=logs)
+                            logs=logs, wait_approvals=wait_approvals)
     st = store_for(settings, store)
     view = st.get_run(run_id, tasks=False)
+    deciding.apply_deadlines(st, run_id)
     refuse_resume(view)
     pipe = pipeline or recorded_pipeline(view)
     return continue_run(pipe, view, st, settings=settings, executor=executor, wait=wait,
@@ -156,6 +159,38 @@ def get_run(run_id: str, *, store: StoreArg = None) -> Run:
 def runs(*, store: StoreArg = None, limit: int = 50) -> list[RunView]:
     """The newest runs in the ledger."""
     return open_ledger(store).list_runs(limit)
+
+
+def approvals(run_id: str | None = None, *, store: StoreArg = None,
+              limit: int = 50) -> list[dict[str, Any]]:
+    """Requests waiting for a decision: of one run, or of the newest ``limit`` runs
+    (each row with its ``run_id``); deadlines that passed are applied first."""
+    st = open_ledger(store)
+    ids = [run_id] if run_id else [v.run_id for v in st.list_runs(limit)
+                                   if v.state not in RUN_TERMINAL]
+    if run_id:
+        st.get_run(run_id, tasks=False)
+    return [{"run_id": rid, **r} for rid in ids for r in deciding.pending(st, rid)]
+
+
+def approve(run_id: str, task_key: str, *, digest: str, reason: str = "",
+            by: str | None = None, store: StoreArg = None) -> dict[str, Any]:
+    """Approve the request waiting for ``task_key`` in ``run_id`` (from any process).
+
+    ``digest`` is its digest or a prefix (at least 6 characters) as
+    :func:`approvals` shows it; a digest that no longer matches (the
+    arguments, inputs or payload changed) raises StaleDigestError. Resume the
+    run to continue it, if its driver stopped.
+    """
+    return deciding.approve(open_ledger(store), run_id, task_key, digest=digest,
+                            reason=reason, by=by)
+
+
+def reject(run_id: str, task_key: str, *, reason: str, digest: str | None = None,
+           by: str | None = None, store: StoreArg = None) -> dict[str, Any]:
+    """Reject the request waiting for ``task_key``: the task fails (reason ``rejected``)."""
+    return deciding.reject(open_ledger(store), run_id, task_key, reason=reason,
+                           digest=digest, by=by)
 
 
 def cancel(run_id: str, *, store: StoreArg = None) -> None:

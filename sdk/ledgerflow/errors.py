@@ -8,6 +8,7 @@ and exits with ``exc.exit_code``::
     ├─ DefinitionError ─ DuplicateTaskError, CycleError (also graphlib.CycleError),
     │                    PipelineBodyError
     ├─ InputError ─ ParameterBindError ─ MissingInputError
+    │              ApprovalConflictError, StaleDigestError, NotWaitingError
     ├─ TaskFailedError      (__cause__ = the user's exception)
     ├─ RunError ─ RunNotFoundError, NotResumableError, RunFailedError, LeaseLostError,
     │             RunEndedError
@@ -79,6 +80,18 @@ class ParameterBindError(InputError, TypeError):
 
 class MissingInputError(ParameterBindError):
     """A required pipeline parameter was not given."""
+
+
+class ApprovalConflictError(InputError):
+    """The request was decided already (two deciders raced: the first one won)."""
+
+
+class StaleDigestError(InputError):
+    """The digest given is not the one of the request that is waiting now."""
+
+
+class NotWaitingError(InputError):
+    """The task has no pending approval request."""
 
 
 class TaskFailedError(PipelineError):

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
+from .approval import Approval, gate_of
 from .context import current_build
 from .errors import DefinitionError, NonRetryableError, PipelineBodyError
 from .keys import code_version
@@ -44,6 +45,8 @@ class TaskOptions:
     cache: bool = True
     version: str | None = None
     name: str | None = None
+    #: A gate before the task's first attempt (see :mod:`ledgerflow.approval`).
+    approve: Approval | None = None
 
     def delay(self, failures: int, rand: float) -> float:
         """Seconds to wait before the next attempt after ``failures`` failures."""
@@ -262,14 +265,17 @@ def task(*, retries: int = 0, retry_delay: float = 0.0, backoff: float = 1.0,
          jitter: float = 0.0, timeout: float | None = None,
          retry_on: type[BaseException] | Sequence[type[BaseException]] | None = None,
          cache: bool = True, version: str | None = None,
-         name: str | None = None) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+         name: str | None = None,
+         approve: bool | Approval | None = None) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
 def task(fn: Callable[P, R] | None = None, /, *, retries: int = 0, retry_delay: float = 0.0,
          backoff: float = 1.0, jitter: float = 0.0, timeout: float | None = None,
          retry_on: type[BaseException] | Sequence[type[BaseException]] | None = None,
          cache: bool = True, version: str | None = None,
-         name: str | None = None) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
+         name: str | None = None,
+         approve: bool | Approval | None = None
+         ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Make a function a task; use bare or with options.
 
     Args:
@@ -283,6 +289,8 @@ def task(fn: Callable[P, R] | None = None, /, *, retries: int = 0, retry_delay: 
         cache: reuse a committed result with the same fingerprint.
         version: pin the code version instead of hashing the source.
         name: the task name (default: the function name).
+        approve: ask a person before the first attempt: ``True`` or an
+            ``Approval(timeout=..., on_timeout="fail"|"reject", approvers=[...])``.
 
     Example:
         >>> @task(retries=2)
@@ -308,7 +316,7 @@ def task(fn: Callable[P, R] | None = None, /, *, retries: int = 0, retry_delay: 
         kinds = tuple(retry_on)
     options = TaskOptions(retries=retries, retry_delay=retry_delay, backoff=backoff,
                           jitter=jitter, timeout=timeout, retry_on=kinds, cache=cache,
-                          version=version, name=name)
+                          version=version, name=name, approve=gate_of(approve))
 
     def wrap(f: Callable[P, R]) -> Task[P, R]:
         if isinstance(f, Task):

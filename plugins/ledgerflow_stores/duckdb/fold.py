@@ -130,7 +130,9 @@ _SUMMARIES: dict[str, tuple[str, str]] = {
                         AS started_at,
                     arg_max(ts, seq) AS last_at,
                     arg_max(attempt, seq) FILTER (WHERE to_state = 'pending'
-                                                  AND from_state IS NOT NULL) AS budget_base
+                                                  AND from_state IS NOT NULL) AS budget_base,
+                    nullif(arg_min(reason, seq) FILTER (WHERE to_state IN
+                           ('failed', 'upstream_failed')), '') AS fail_reason
               FROM (SELECT *, max(seq) FILTER (WHERE to_state = 'pending'
                                                AND from_state IS NOT NULL)
                               OVER (PARTITION BY task_key) AS reset_seq FROM lf_e)
@@ -145,13 +147,14 @@ _SUMMARIES: dict[str, tuple[str, str]] = {
     # the error text: ledgerflow.views.error_text in SQL
     "A": ("""SELECT task_key, max(attempt) AS attempts,
                     arg_max_null(CASE WHEN outcome = 'ok' THEN NULL
-                         WHEN outcome IN ('timeout', 'lost', 'cancelled') THEN
+                         WHEN outcome IN ('timeout', 'lost', 'cancelled', 'waiting') THEN
                              CASE WHEN coalesce(error_message, '') = '' THEN outcome
                                   ELSE outcome || ': ' || error_message END
                          WHEN coalesce(error_type, '') = '' THEN error_message
                          ELSE error_type || ': ' || error_message END, i) AS error
              FROM lf_a GROUP BY task_key""",
           "error = CASE WHEN a.task_key IS NULL THEN tasks.error ELSE a.error END"),
+    # (the error column is set from A and E together: see _ERROR)
     "R": ("""SELECT task_key, arg_max_null(fingerprint, i) AS fingerprint,
                     arg_max_null(content_hash, i) AS content_hash,
                     arg_max_null(kind, i) AS kind, arg_max_null(data, i) AS data,
@@ -168,6 +171,15 @@ _SUMMARIES: dict[str, tuple[str, str]] = {
                                      ("result_attempt", "attempt")))),
 }
 
+#: The ``error`` column, by which of A and E a batch holds: an attempt's error, else why
+#: the task failed without one (a refused approval, an upstream that failed).
+_ERROR: dict[tuple[bool, bool], str] = {
+    (True, False): "error = CASE WHEN a.task_key IS NULL THEN tasks.error ELSE a.error END",
+    (False, True): "error = coalesce(tasks.error, e.fail_reason)",
+    (True, True): "error = coalesce(CASE WHEN a.task_key IS NULL THEN tasks.error "
+                  "ELSE a.error END, e.fail_reason)",
+}
+
 
 def _task_update(kinds: list[str]) -> str:
     """One UPDATE of ``tasks`` from the batch's events, attempts and results."""
@@ -175,7 +187,9 @@ def _task_update(kinds: list[str]) -> str:
     joins = " ".join(f"LEFT JOIN ({_SUMMARIES[k][0]}) {k.lower()} "
                      f"ON {k.lower()}.task_key = k.task_key" for k in kinds)
     counts = ", ".join(f"coalesce({k.lower()}.attempts, 0)" for k in kinds if k != "R")
-    sets = ", ".join(_SUMMARIES[k][1] for k in kinds)
+    sets = ", ".join(_SUMMARIES[k][1] for k in kinds if k != "A")
+    if "A" in kinds or "E" in kinds:
+        sets += ", " + _ERROR[("A" in kinds, "E" in kinds)]
     if counts:
         sets += f", attempts = greatest(tasks.attempts, {counts})"
     return (f"UPDATE tasks SET {sets} FROM ({keys}) k {joins} "

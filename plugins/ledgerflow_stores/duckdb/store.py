@@ -35,22 +35,35 @@ from ledgerflow.projection import apply
 from ledgerflow.records import (
     RUN_KINDS,
     AnyRecord,
+    ApprovalDecided,
+    ApprovalRequested,
     ArtifactRecorded,
     AttemptEnded,
     LogRecorded,
     Notice,
     Record,
     RunDefined,
+    StepRecorded,
     Takeover,
 )
 from ledgerflow.results import Encoded
 from ledgerflow.states import RUN_ACTIVE
 from ledgerflow.store import CacheHit, Lease
-from ledgerflow.views import RunView, attempt_dict, lineage_rows, log_dict, notice_dict
+from ledgerflow.views import (
+    RunView,
+    approval_rows,
+    attempt_dict,
+    decision_dict,
+    lineage_rows,
+    log_dict,
+    notice_dict,
+    step_dict,
+)
 
 from . import doctor, queries
 from .blobs import Blobs
 from .connection import Ledger
+from .decisions import Decisions
 from .fold import RUN_TERMINAL_VALUES, BackgroundFold, Fold, FoldPolicy
 from .journal import Journals, read_records
 from .lease import Heartbeat, Leases
@@ -86,6 +99,7 @@ class DuckDBStore:
         self.journals = Journals(self.side / "journals",
                                  (sync or os.environ.get("LEDGERFLOW_SYNC", "normal")).lower())
         self.leases = Leases(self.side / "runs")
+        self.decisions = Decisions(self.side / "runs")
         self.blobs = Blobs(self.side)
         self.folds = Fold(self.journals, self.side / "tmp", self.policy)
         self._beats: dict[str, Heartbeat] = {}
@@ -340,7 +354,7 @@ class DuckDBStore:
             tail, damage = self._tail(con, run_id)
         view = self._view(run_id, view, tail, damage)
         arts = rows + [r for r in tail if type(r) is ArtifactRecorded]
-        return lineage_rows(view, arts, task_key)
+        return lineage_rows(view, arts, task_key, self.approvals(run_id))
 
     def notices(self, run_id: str) -> list[dict[str, Any]]:
         return [notice_dict(r) for r in self._records(run_id, Notice)]
@@ -354,6 +368,31 @@ class DuckDBStore:
         return [log_dict(r) for r in self._records(run_id, LogRecorded)
                 if (task_key is None or r.task_key == task_key)
                 and (attempt is None or r.attempt == attempt)]
+
+    # -- approvals and steps -----------------------------------------------------------
+    def decide(self, run_id: str, task_key: str, digest: str, decision: str, by: str,
+               reason: str) -> dict[str, Any]:
+        """Record a decision on a request from any process; the first one wins
+        (ApprovalConflictError for the others)."""
+        self.get_run(run_id, tasks=False)
+        return self.decisions.write(run_id, {
+            "task_key": task_key, "digest": digest, "decision": decision,
+            "decided_by": by, "reason": reason, "decided_at": time.time()})
+
+    def approval_decisions(self, run_id: str) -> list[dict[str, Any]]:
+        """Every decision of the run: decision files, and those in the journal."""
+        out = self.decisions.all(run_id)
+        seen = {d["digest"] for d in out}
+        out += [decision_dict(r) for r in self._records(run_id, ApprovalDecided)
+                if r.digest not in seen]
+        return out
+
+    def approvals(self, run_id: str) -> list[dict[str, Any]]:
+        return approval_rows(self._records(run_id, ApprovalRequested),
+                             self.approval_decisions(run_id))
+
+    def steps(self, run_id: str) -> list[dict[str, Any]]:
+        return [step_dict(r) for r in self._records(run_id, StepRecorded)]
 
     def driver_alive(self, run_id: str) -> bool:
         """True if a live process drives ``run_id``: its lease names one, or one holds

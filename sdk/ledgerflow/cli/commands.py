@@ -17,9 +17,9 @@ import click
 
 from .. import control as api
 from ..errors import InputError, PluginError
-from ..launch import Run
+from ..launch import Run, read_run
 from ..states import RunState
-from ..views import RunView, counts_text, lineage_of
+from ..views import RunView, counts_text, iso, lineage_of
 from .guard import guard
 from .params import convert_params
 from .render import dumps, out, progress_for, summary
@@ -36,6 +36,9 @@ WORKERS = click.option("--workers", envvar="LEDGERFLOW_WORKERS", type=click.IntR
 LOGS = click.option("--logs", is_flag=True, envvar="LEDGERFLOW_LOGS",
                     help="Echo what tasks print and log to stderr, prefixed with the task key "
                     "(always kept per attempt: pipeline logs) [env LEDGERFLOW_LOGS].")
+WAIT = click.option("--wait-approvals", is_flag=True, envvar="LEDGERFLOW_WAIT_APPROVALS",
+                    help="Keep driving while approvals are pending (else the run stops "
+                    "'waiting', exit code 3) [env LEDGERFLOW_WAIT_APPROVALS].")
 DASK = click.option("--dask-address", envvar="LEDGERFLOW_DASK_ADDRESS", metavar="URL",
                     help="Dask scheduler, e.g. tcp://127.0.0.1:8786 [env LEDGERFLOW_DASK_ADDRESS].")
 
@@ -125,15 +128,38 @@ def _one_line(row: dict[str, Any]) -> str:
 
 
 def _finish(run: Run, as_json: bool) -> None:
-    view = run.store.get_run(run.run_id, upstream=False)
+    view = read_run(run.store, run.run_id, upstream=False)
+    waiting = view.state == RunState.WAITING
     if as_json:
         out(dumps(view.as_json()))
     else:
         summary(view)
+        if waiting:
+            _pending_lines(run.approvals(pending_only=True), view.run_id)
         out(f"details: pipeline status {view.run_id}")
         if view.state != RunState.SUCCEEDED:
-            out(f"resume:  pipeline resume {view.run_id}")
-    sys.exit(0 if view.state == RunState.SUCCEEDED else 1)
+            out(f"resume:  pipeline resume {view.run_id}"
+                + ("   (once the approvals are decided)" if waiting else ""))
+    sys.exit(0 if view.state == RunState.SUCCEEDED else 3 if waiting else 1)
+
+
+def _pending_lines(rows: list[dict[str, Any]], run_id: str) -> None:
+    """What waits for a decision, and how to decide (compact for big fan-outs)."""
+    if not rows:
+        return
+    out(f"{len(rows)} approval(s) waiting:")
+    for r in rows[:20]:
+        out(f"  {r['task_key']}  {r['action']}: {r['summary']}  digest {r['digest'][:12]}")
+    if len(rows) > 20:
+        names: dict[str, int] = {}
+        for r in rows[20:]:
+            name = r["task_key"].split("[", 1)[0]
+            names[name] = names.get(name, 0) + 1
+        out("  ... and " + ", ".join(f"{n} more of {k}" for k, n in names.items()))
+    first = rows[0]
+    out(f"approve: pipeline approve {run_id} '{first['task_key']}' --digest "
+        f"{first['digest'][:12]} --resume")
+    out(f"reject:  pipeline reject {run_id} '{first['task_key']}' --reason '...'")
 
 
 @main.command()
@@ -147,11 +173,12 @@ def _finish(run: Run, as_json: bool) -> None:
 @click.option("--fail-fast", is_flag=True, envvar="LEDGERFLOW_FAIL_FAST",
               help="Stop dispatching at the first failure [env LEDGERFLOW_FAIL_FAST].")
 @LOGS
+@WAIT
 @JSON
 @guard
 def run(target: str, params: tuple[str, ...], store: str | None, executor: str | None,
         workers: int | None, dask_address: str | None, fail_fast: bool, logs: bool,
-        as_json: bool) -> None:
+        wait_approvals: bool, as_json: bool) -> None:
     """Run a pipeline: FILE.py[:PIPELINE], a module:PIPELINE, or a .json/.toml spec.
 
     \b
@@ -177,7 +204,7 @@ def run(target: str, params: tuple[str, ...], store: str | None, executor: str |
                          fail_fast=fail_fast or None, run_id=run_id,
                          target=api.abs_target(target, pipe.name), progress=progress,
                          cancel_event=cancel, dask_address=dask_address, graph=graph,
-                         logs=logs or None)
+                         logs=logs or None, wait_approvals=wait_approvals or None)
 
     _finish(_drive(start, as_json), as_json)
 
@@ -191,10 +218,12 @@ def run(target: str, params: tuple[str, ...], store: str | None, executor: str |
 @WORKERS
 @DASK
 @LOGS
+@WAIT
 @JSON
 @guard
 def resume(run_id: str, plan: bool, store: str | None, executor: str | None,
-           workers: int | None, dask_address: str | None, logs: bool, as_json: bool) -> None:
+           workers: int | None, dask_address: str | None, logs: bool, wait_approvals: bool,
+           as_json: bool) -> None:
     """Continue a run: keep its successes, retry lost tasks, reset failed ones.
 
     \b
@@ -223,7 +252,7 @@ def resume(run_id: str, plan: bool, store: str | None, executor: str | None,
     def start(cancel: threading.Event, progress: Any) -> Run:
         return api.resume(run_id, store=store, executor=executor, workers=workers,
                           progress=progress, cancel_event=cancel, dask_address=dask_address,
-                          logs=logs or None)
+                          logs=logs or None, wait_approvals=wait_approvals or None)
 
     _finish(_drive(start, as_json, prior.counts()), as_json)
 
@@ -262,7 +291,7 @@ def status(run_id: str, task_key: str | None, all_rows: bool, store: str | None,
       pipeline status 20261129-194138-3fa9c2 --task 'embed[a.md]'
     """
     st = api.open_ledger(store)
-    view = st.get_run(run_id, upstream=False)
+    view = read_run(st, run_id, upstream=False)
     if task_key is not None:
         _task_status(st, view, task_key, as_json)
         return
@@ -270,6 +299,12 @@ def status(run_id: str, task_key: str | None, all_rows: bool, store: str | None,
         out(dumps(view.as_json()))
         return
     summary(view, all_rows=True, every_row=all_rows)
+    decided = st.approvals(run_id)
+    _pending_lines([r for r in decided if r["state"] == "pending" and r["current"]], run_id)
+    for r in decided:
+        if r["state"] != "pending":
+            out(f"approval: {r['task_key']} {r['action']} {r['state']} by {r['decided_by']}"
+                + (f": {r['reason']}" if r["reason"] else "") + f"  (digest {r['digest'][:12]})")
     if view.damage:
         out(f"damaged: {view.damage}")
         out("  (the records after the damage are not applied; pipeline doctor explains it)")
@@ -503,3 +538,98 @@ def repair(store: str | None) -> None:
     for note in notes:
         out(f"  {note}")
     out("next: pipeline doctor  |  pipeline runs")
+
+
+@main.command()
+@click.argument("run_id", required=False)
+@STORE
+@JSON
+@guard
+def approvals(run_id: str | None, store: str | None, as_json: bool) -> None:
+    """List approval requests waiting for a decision (of one run, or of every run).
+
+    \b
+    Example:
+      pipeline approvals 20261129-194138-3fa9c2 --json
+    """
+    rows = api.approvals(run_id, store=store)
+    if as_json:
+        out(dumps([{"run_id": r["run_id"], "task_key": r["task_key"], "action": r["action"],
+                    "summary": r["summary"], "digest": r["digest"], "inputs": r["inputs"],
+                    "requested_at": iso(r["requested_at"]), "deadline": iso(r["deadline"]),
+                    "on_timeout": r["on_timeout"], "approvers": r["approvers"],
+                    "note": r["note"]} for r in rows]))
+        return
+    if not rows:
+        out("no approvals waiting")
+        return
+    for rid in dict.fromkeys(r["run_id"] for r in rows):
+        out(f"run {rid}:")
+        for r in [x for x in rows if x["run_id"] == rid][:50]:
+            deadline = f"  deadline {iso(r['deadline'])} ({r['on_timeout']})" \
+                if r["deadline"] else ""
+            out(f"  {r['task_key']}  {r['action']}: {r['summary']}  digest "
+                f"{r['digest'][:12]}  requested {iso(r['requested_at'])}{deadline}")
+        n = sum(1 for x in rows if x["run_id"] == rid)
+        if n > 50:
+            out(f"  ... and {n - 50} more (pipeline approvals {rid} --json lists them all)")
+
+
+def _decided(doc: dict[str, Any], run_id: str, and_resume: bool, store: str | None) -> None:
+    out(f"{doc['task_key']}: {doc['decision']} by {doc['decided_by']} "
+        f"(digest {doc['digest'][:12]})")
+    view = api.open_ledger(store).get_run(run_id, tasks=False)
+    if and_resume and view.state != RunState.SUCCEEDED and not view.driver_alive:
+        out(f"resuming {run_id}")
+        _finish(_drive(lambda cancel, progress: api.resume(
+            run_id, store=store, progress=progress, cancel_event=cancel), False), False)
+    elif view.driver_alive:
+        out("its driver picks the decision up within a second")
+    else:
+        out(f"continue it with: pipeline resume {run_id}")
+
+
+@main.command()
+@click.argument("run_id")
+@click.argument("task_key")
+@click.option("--digest", required=True, metavar="PREFIX",
+              help="The digest of what you approve (at least 6 characters), as listed by "
+              "pipeline approvals.")
+@click.option("--reason", default="", help="Why (recorded with the decision).")
+@click.option("--as", "by", metavar="NAME", help="Who decides (default: the OS user).")
+@click.option("--resume", "and_resume", is_flag=True,
+              help="Then resume the run here if no driver is alive.")
+@STORE
+@guard
+def approve(run_id: str, task_key: str, digest: str, reason: str, by: str | None,
+            and_resume: bool, store: str | None) -> None:
+    """Approve a request waiting for a decision (bound to its digest).
+
+    \b
+    Example:
+      pipeline approve RUN_ID publish --digest 3fa9c2d1e0b4 --resume
+    """
+    doc = api.approve(run_id, task_key, digest=digest, reason=reason, by=by, store=store)
+    _decided(doc, run_id, and_resume, store)
+
+
+@main.command()
+@click.argument("run_id")
+@click.argument("task_key")
+@click.option("--reason", required=True, help="Why (recorded; the task fails 'rejected').")
+@click.option("--digest", metavar="PREFIX", help="Check the request's digest too.")
+@click.option("--as", "by", metavar="NAME", help="Who decides (default: the OS user).")
+@click.option("--resume", "and_resume", is_flag=True,
+              help="Then resume the run here if no driver is alive.")
+@STORE
+@guard
+def reject(run_id: str, task_key: str, reason: str, digest: str | None, by: str | None,
+           and_resume: bool, store: str | None) -> None:
+    """Reject a request waiting for a decision: the task fails with reason 'rejected'.
+
+    \b
+    Example:
+      pipeline reject RUN_ID publish --reason "wrong index"
+    """
+    doc = api.reject(run_id, task_key, reason=reason, digest=digest, by=by, store=store)
+    _decided(doc, run_id, and_resume, store)

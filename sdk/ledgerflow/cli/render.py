@@ -181,7 +181,11 @@ def summary(view: RunView, *, all_rows: bool = False, every_row: bool = False) -
         more = f" (and {len(causes) - 1} more)" if len(causes) > 1 else ""
         console.print(f"root cause: {escape(first.key)}: {escape(first.error or 'failed')}"
                       f"{more}", markup=True)
-    if view.active and view.driver_alive is False:
+    if view.state == "waiting":
+        console.print(f"waiting for approvals: pipeline approvals {view.run_id}")
+    elif view.state == "submitted":
+        console.print(f"waiting for a driver: pipeline resume {view.run_id}")
+    elif view.active and view.driver_alive is False:
         console.print(f"driver is gone: resume with  pipeline resume {view.run_id}")
 
 
