@@ -51,6 +51,9 @@ class RunContext:
     _idempotency_key: str = ""
     _cancel: Callable[[], bool] | None = None
     lineage: list[tuple[str, str, str | None, dict[str, str]]] = field(default_factory=list)
+    #: Propagation headers an observer attached to this attempt (W3C ``traceparent``
+    #: when tracing is on), or None; program tasks pass them on as ``TRACEPARENT``...
+    carrier: dict[str, str] | None = None
 
     @property
     def idempotency_key(self) -> str:

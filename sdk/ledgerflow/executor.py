@@ -8,9 +8,11 @@ ledger. ``ledgerflow.testing.ExecutorContract`` is the contract suite.
 
 from __future__ import annotations
 
+import logging
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -32,6 +34,8 @@ class Job:
     idempotency_key: str = ""       # "" = derived from run id and task key when asked for
     timeout: float | None = None
     task_name: str = ""
+    #: A propagation carrier from an observer (``ledgerflow_job_carrier``), or None.
+    carrier: dict[str, str] | None = None
 
 
 @dataclass(slots=True)
@@ -103,12 +107,17 @@ def execute(job: Job, cancel: Callable[[], bool] | None = None, *,
             keep_value: bool = True) -> Completion:
     """Run ``job`` here and now; never raises (outcomes carry the errors)."""
     ctx = RunContext(run_id=job.run_id, task_key=job.task_key, attempt=job.attempt,
-                     _idempotency_key=job.idempotency_key, _cancel=cancel)
+                     _idempotency_key=job.idempotency_key, _cancel=cancel,
+                     carrier=job.carrier)
     started = time.time()
     fn = job.fn
     inner = getattr(fn, "_plain", None)     # a Task: call its function directly
     try:
-        value = run_in_context(ctx, inner or fn, job.args, job.kwargs)
+        if job.carrier:
+            with _attempt_scope(job):
+                value = run_in_context(ctx, inner or fn, job.args, job.kwargs)
+        else:
+            value = run_in_context(ctx, inner or fn, job.args, job.kwargs)
     except TaskCancelled:
         return Completion(job.id, "cancelled", started_at=started, ended_at=time.time(),
                           lineage=ctx.lineage, has_value=False)
@@ -134,3 +143,48 @@ def execute(job: Job, cancel: Callable[[], bool] | None = None, *,
     return Completion(job.id, "ok", value=value if keep_value else None, encoded=enc,
                       started_at=started, ended_at=time.time(), lineage=ctx.lineage,
                       has_value=keep_value)
+
+
+@contextmanager
+def _attempt_scope(job: Job) -> Iterator[None]:
+    """Enter what ``ledgerflow_attempt_context`` hooks return for a carried job.
+
+    An observer's failure to enter or leave its context is logged; the
+    task's own exceptions pass through unchanged.
+    """
+    log = logging.getLogger("ledgerflow")
+    with ExitStack() as stack:
+        try:
+            from .plugins import get_plugin_manager
+            managers = get_plugin_manager().hook.ledgerflow_attempt_context(
+                carrier=job.carrier, run_id=job.run_id, task_key=job.task_key,
+                attempt=job.attempt)
+        except Exception:  # observers must never break a run
+            log.exception("ledgerflow_attempt_context hook failed")
+            managers = []
+        for cm in managers:
+            if cm is None:
+                continue
+            try:
+                stack.enter_context(_guarded(cm, log))
+            except Exception:
+                log.exception("entering an attempt context failed")
+        yield
+
+
+@contextmanager
+def _guarded(cm: Any, log: logging.Logger) -> Iterator[None]:
+    cm.__enter__()
+    try:
+        yield
+    except BaseException as exc:
+        try:
+            cm.__exit__(type(exc), exc, exc.__traceback__)
+        except Exception:
+            log.exception("leaving an attempt context failed")
+        raise
+    else:
+        try:
+            cm.__exit__(None, None, None)
+        except Exception:
+            log.exception("leaving an attempt context failed")

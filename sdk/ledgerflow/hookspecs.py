@@ -15,10 +15,14 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
+    import contextlib
+    from collections.abc import Mapping, Sequence
+
     import click
 
     from .config import Settings
     from .executor import Executor
+    from .records import Record
     from .store import RunStore
 
 hookspec = pluggy.HookspecMarker("ledgerflow")
@@ -116,6 +120,56 @@ def ledgerflow_run_finish(run_id: str, state: str) -> None:
 
     When: after the run's last commit and the store's release. Process: the
     driver. Results: none; exceptions are logged.
+    """
+
+
+@hookspec
+def ledgerflow_records_committed(run_id: str, records: Sequence[Record],
+                                 store: RunStore) -> None:
+    """The typed records of one commit of a run (:mod:`ledgerflow.records`), now durable.
+
+    Every commit a driver makes reaches this hook, in commit order: the run's
+    creation (``RunDefined`` first, before ``ledgerflow_run_start``), a
+    takeover by a resume (``DriverHeader``, ``RunStateChanged``), and every
+    group commit of the drive (transitions with their times, attempts,
+    results with fingerprints and content hashes, lineage, notices). An
+    observer that needs what an earlier drive recorded reads it from
+    ``store`` (the store being written; reads are safe, writes are not).
+    When: right after the commit returned, before the attempts it started
+    are handed to the executor. Process: the driver, in the thread that
+    drives the run: keep it cheap (hand slow work to a thread of your own).
+    Results: none; exceptions are logged. Runs with no implementation of
+    this hook pay nothing for it. Added in 0.2.
+    """
+
+
+@hookspec(firstresult=True)
+def ledgerflow_job_carrier(run_id: str, task_key: str, attempt: int) -> dict[str, str] | None:
+    """Return a propagation carrier for an attempt about to start, or None.
+
+    A carrier is a small ``{header: value}`` dict (e.g. W3C ``traceparent``)
+    that travels with the attempt's :class:`~ledgerflow.executor.Job` to
+    whatever process runs it, where ``ledgerflow_attempt_context`` installs
+    it; a task reads it as ``context().carrier``, and program tasks get it
+    as environment variables (``TRACEPARENT``). When: after the commit that
+    holds the attempt's ``running`` transition (and after
+    ``ledgerflow_records_committed`` saw it), once per attempt. Process: the
+    driver. Results: the first non-None result is used. Added in 0.2.
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def ledgerflow_attempt_context(carrier: Mapping[str, str], run_id: str, task_key: str,
+                               attempt: int) -> contextlib.AbstractContextManager[None] | None:
+    """Return a context manager to enter around the task call of a carried attempt.
+
+    When: only for attempts whose job has a carrier (see
+    ``ledgerflow_job_carrier``), just before the task's function is called
+    and exited right after it returns or raises. Process: the one that runs
+    the attempt (a thread of the driver, a worker process, a Dask worker).
+    Results: every context manager returned is entered, in order; a failure
+    to enter or exit one is logged and never fails the attempt. Added in 0.2.
     """
 
 

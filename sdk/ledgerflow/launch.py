@@ -420,10 +420,14 @@ def _runner(graph: Graph, st: RunStore, ex: Executor, settings: Settings, run_id
             cancel_event: threading.Event | None) -> Runner:
     hooks = get_plugin_manager().hook
     changed, ended = hooks.ledgerflow_task_state_changed, hooks.ledgerflow_attempt_finished
+    records, carrier = hooks.ledgerflow_records_committed, hooks.ledgerflow_job_carrier
+    # a hook nobody implements is not called at all (no cost on the hot path)
     return Runner(graph=graph, store=st, executor=ex, settings=settings, run_id=run_id,
                   prior=prior, cache=cache,
                   hook_changed=changed if changed.get_hookimpls() else None,
                   hook_attempt=ended if ended.get_hookimpls() else None,
+                  hook_records=records if records.get_hookimpls() else None,
+                  hook_carrier=carrier if carrier.get_hookimpls() else None,
                   on_change=progress, cancel_event=cancel_event)
 
 
