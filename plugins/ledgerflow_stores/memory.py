@@ -21,11 +21,19 @@ from ledgerflow.records import (
     LogRecorded,
     Notice,
     Record,
+    Transition,
 )
 from ledgerflow.results import Encoded, decode
 from ledgerflow.states import TaskState
 from ledgerflow.store import CacheHit, Lease
-from ledgerflow.views import RunView, attempt_dict, lineage_rows, log_dict, notice_dict
+from ledgerflow.views import (
+    RunView,
+    attempt_dict,
+    event_dict,
+    lineage_rows,
+    log_dict,
+    notice_dict,
+)
 
 R = TypeVar("R", bound=Record)
 
@@ -168,6 +176,10 @@ class MemoryStore:
 
     def attempts(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
         return [attempt_dict(r) for r in self._rows(run_id, AttemptEnded)
+                if task_key is None or r.task_key == task_key]
+
+    def events(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
+        return [event_dict(r) for r in self._rows(run_id, Transition)
                 if task_key is None or r.task_key == task_key]
 
     def close(self) -> None:

@@ -219,6 +219,10 @@ class Run:
         """Rejected late or duplicate results and other notes."""
         return self.store.notices(self.run_id)
 
+    def events(self, task_key: str | None = None) -> list[dict[str, Any]]:
+        """Every task transition (seq, task, attempt, from, to, reason, time), in order."""
+        return self.store.events(self.run_id, task_key)
+
     def result(self, task_key: str | None = None) -> Any:
         """Return the pipeline's return value, or one task's result.
 

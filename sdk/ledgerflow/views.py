@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .records import ArtifactRecorded, AttemptEnded, LogRecorded, Notice
+from .records import ArtifactRecorded, AttemptEnded, LogRecorded, Notice, Transition
 from .states import FAILED_LIKE, RUN_ACTIVE, TaskState
 
 
@@ -136,6 +136,13 @@ def attempt_dict(r: AttemptEnded) -> dict[str, Any]:
             "started_at": r.started_at, "ended_at": r.ended_at,
             "error_type": r.error_type, "error_message": r.error_message,
             "traceback": r.traceback}
+
+
+def event_dict(r: Transition) -> dict[str, Any]:
+    """A task transition as ``Run.events()`` shows it."""
+    return {"seq": r.seq, "task_key": r.task_key, "attempt": r.attempt,
+            "from_state": r.from_state, "to_state": r.to_state, "reason": r.reason,
+            "ts": r.ts}
 
 
 def log_dict(r: LogRecorded) -> dict[str, Any]:

@@ -10,7 +10,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ledgerflow.records import ArtifactRecorded, AttemptEnded, LogRecorded, Notice, Record
+from ledgerflow.records import (
+    ArtifactRecorded,
+    AttemptEnded,
+    LogRecorded,
+    Notice,
+    Record,
+    Transition,
+)
 from ledgerflow.store import CacheHit
 from ledgerflow.views import RunView, TaskRow
 
@@ -118,6 +125,8 @@ _RECORD_SQL: dict[type[Record], str] = {
                   "error_message, traceback FROM attempts WHERE run_id = ? ORDER BY rowid",
     ArtifactRecorded: "SELECT task_key, attempt, direction, uri, content_hash, attrs "
                       "FROM artifacts WHERE run_id = ? ORDER BY rowid",
+    Transition: "SELECT seq, task_key, attempt, from_state, to_state, reason, ts FROM events "
+                "WHERE run_id = ? ORDER BY seq",
     Notice: "SELECT task_key, attempt, kind, message, ts FROM notices "
             "WHERE run_id = ? ORDER BY rowid",
     LogRecorded: "SELECT task_key, attempt, stream, text, dropped FROM logs "

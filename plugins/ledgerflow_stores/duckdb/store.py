@@ -38,11 +38,19 @@ from ledgerflow.records import (
     Notice,
     Record,
     RunDefined,
+    Transition,
 )
 from ledgerflow.results import Encoded
 from ledgerflow.states import RUN_ACTIVE
 from ledgerflow.store import CacheHit, Lease
-from ledgerflow.views import RunView, attempt_dict, lineage_rows, log_dict, notice_dict
+from ledgerflow.views import (
+    RunView,
+    attempt_dict,
+    event_dict,
+    lineage_rows,
+    log_dict,
+    notice_dict,
+)
 
 from . import queries
 from .blobs import Blobs
@@ -304,6 +312,10 @@ class DuckDBStore:
 
     def attempts(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
         return [attempt_dict(r) for r in self._records(run_id, AttemptEnded)
+                if task_key is None or r.task_key == task_key]
+
+    def events(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
+        return [event_dict(r) for r in self._records(run_id, Transition)
                 if task_key is None or r.task_key == task_key]
 
     def logs(self, run_id: str, task_key: str | None = None,
