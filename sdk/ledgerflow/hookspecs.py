@@ -174,6 +174,31 @@ def ledgerflow_attempt_context(carrier: Mapping[str, str], run_id: str, task_key
 
 
 @hookspec
+def ledgerflow_lineage_formats() -> list[str]:
+    """Return the export formats of ``pipeline lineage --export FORMAT FILE`` you write.
+
+    When: for listings and error messages. Process: any. Results: combined.
+    Added in 0.2.
+    """
+    raise NotImplementedError
+
+
+@hookspec(firstresult=True)
+def ledgerflow_export_lineage(format: str, run_id: str, store: RunStore,
+                              path: str) -> int | None:
+    """Write the lineage of run ``run_id`` as ``format`` to ``path``; None if not yours.
+
+    ``path`` is a file to create or append to, or ``-`` for standard output.
+    Return how many items (events, rows) were written. Raise a
+    :class:`~ledgerflow.errors.PipelineError` for a run that cannot be
+    exported (e.g. still running). When: ``pipeline lineage --export``.
+    Process: the ``pipeline`` command. Results: the first non-None result.
+    Added in 0.2.
+    """
+    raise NotImplementedError
+
+
+@hookspec
 def ledgerflow_add_cli_commands(group: click.Group) -> None:
     """Add commands to the ``pipeline`` CLI group (``group.add_command(...)``).
 
