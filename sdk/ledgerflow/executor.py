@@ -12,12 +12,30 @@ import logging
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from .context import RunContext, TaskCancelled, TaskTimedOut, run_in_context
 from .results import Encoded, encode
+
+
+@runtime_checkable
+class Carrier(Protocol):
+    """What an observer attaches to an attempt (``ledgerflow_job_carrier``).
+
+    It travels with the :class:`Job` (pickled with it, so its class must be
+    importable wherever the job runs) and :func:`execute` enters
+    :meth:`scope` around the task call, in whatever process runs it.
+    ``headers`` (e.g. W3C ``traceparent``) are what a task sees as
+    ``context().carrier`` and program tasks get as environment variables.
+    """
+
+    headers: dict[str, str]
+
+    def scope(self) -> AbstractContextManager[Any]:
+        """A context manager to enter around the task call."""
+        ...
 
 
 @dataclass(slots=True, kw_only=True)
@@ -34,8 +52,8 @@ class Job:
     idempotency_key: str = ""       # "" = derived from run id and task key when asked for
     timeout: float | None = None
     task_name: str = ""
-    #: A propagation carrier from an observer (``ledgerflow_job_carrier``), or None.
-    carrier: dict[str, str] | None = None
+    #: What an observer attached to this attempt (``ledgerflow_job_carrier``), or None.
+    carrier: Carrier | None = None
 
 
 @dataclass(slots=True)
@@ -108,13 +126,13 @@ def execute(job: Job, cancel: Callable[[], bool] | None = None, *,
     """Run ``job`` here and now; never raises (outcomes carry the errors)."""
     ctx = RunContext(run_id=job.run_id, task_key=job.task_key, attempt=job.attempt,
                      _idempotency_key=job.idempotency_key, _cancel=cancel,
-                     carrier=job.carrier)
+                     carrier=None if job.carrier is None else dict(job.carrier.headers))
     started = time.time()
     fn = job.fn
     inner = getattr(fn, "_plain", None)     # a Task: call its function directly
     try:
-        if job.carrier:
-            with _attempt_scope(job):
+        if job.carrier is not None:
+            with _carried(job.carrier):
                 value = run_in_context(ctx, inner or fn, job.args, job.kwargs)
         else:
             value = run_in_context(ctx, inner or fn, job.args, job.kwargs)
@@ -145,46 +163,29 @@ def execute(job: Job, cancel: Callable[[], bool] | None = None, *,
                       has_value=keep_value)
 
 
-@contextmanager
-def _attempt_scope(job: Job) -> Iterator[None]:
-    """Enter what ``ledgerflow_attempt_context`` hooks return for a carried job.
 
-    An observer's failure to enter or leave its context is logged; the
-    task's own exceptions pass through unchanged.
-    """
+@contextmanager
+def _carried(carrier: Carrier) -> Iterator[None]:
+    """Enter ``carrier.scope()`` around the task call; an observer's failure to enter or
+    leave it is logged, the task's own exceptions pass through unchanged."""
     log = logging.getLogger("ledgerflow")
-    with ExitStack() as stack:
-        try:
-            from .plugins import get_plugin_manager
-            managers = get_plugin_manager().hook.ledgerflow_attempt_context(
-                carrier=job.carrier, run_id=job.run_id, task_key=job.task_key,
-                attempt=job.attempt)
-        except Exception:  # observers must never break a run
-            log.exception("ledgerflow_attempt_context hook failed")
-            managers = []
-        for cm in managers:
-            if cm is None:
-                continue
-            try:
-                stack.enter_context(_guarded(cm, log))
-            except Exception:
-                log.exception("entering an attempt context failed")
+    try:
+        cm = carrier.scope()
+        cm.__enter__()
+    except Exception:  # observers must never break a run
+        log.exception("entering an attempt carrier's scope failed")
         yield
-
-
-@contextmanager
-def _guarded(cm: Any, log: logging.Logger) -> Iterator[None]:
-    cm.__enter__()
+        return
     try:
         yield
     except BaseException as exc:
         try:
             cm.__exit__(type(exc), exc, exc.__traceback__)
         except Exception:
-            log.exception("leaving an attempt context failed")
+            log.exception("leaving an attempt carrier's scope failed")
         raise
     else:
         try:
             cm.__exit__(None, None, None)
         except Exception:
-            log.exception("leaving an attempt context failed")
+            log.exception("leaving an attempt carrier's scope failed")

@@ -15,13 +15,12 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    import contextlib
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Sequence
 
     import click
 
     from .config import Settings
-    from .executor import Executor
+    from .executor import Carrier, Executor
     from .records import Record
     from .store import RunStore
 
@@ -144,33 +143,20 @@ def ledgerflow_records_committed(run_id: str, records: Sequence[Record],
 
 
 @hookspec(firstresult=True)
-def ledgerflow_job_carrier(run_id: str, task_key: str, attempt: int) -> dict[str, str] | None:
-    """Return a propagation carrier for an attempt about to start, or None.
+def ledgerflow_job_carrier(run_id: str, task_key: str, attempt: int) -> Carrier | None:
+    """Return a :class:`~ledgerflow.executor.Carrier` for an attempt about to start, or None.
 
-    A carrier is a small ``{header: value}`` dict (e.g. W3C ``traceparent``)
-    that travels with the attempt's :class:`~ledgerflow.executor.Job` to
-    whatever process runs it, where ``ledgerflow_attempt_context`` installs
-    it; a task reads it as ``context().carrier``, and program tasks get it
-    as environment variables (``TRACEPARENT``). When: after the commit that
-    holds the attempt's ``running`` transition (and after
-    ``ledgerflow_records_committed`` saw it), once per attempt. Process: the
-    driver. Results: the first non-None result is used. Added in 0.2.
+    The carrier travels with the attempt's :class:`~ledgerflow.executor.Job`
+    to whatever process runs it (it is pickled with the job: define its
+    class in an importable module), where its ``scope()`` is entered around
+    the task call; its ``headers`` (e.g. W3C ``traceparent``) are
+    ``context().carrier`` there, and program tasks get them as environment
+    variables (``TRACEPARENT``). When: after the commit that holds the
+    attempt's ``running`` transition (and after ``ledgerflow_records_committed``
+    saw it), once per attempt. Process: the driver. Results: the first
+    non-None result is used. Added in 0.2.
     """
     raise NotImplementedError
-
-
-@hookspec
-def ledgerflow_attempt_context(carrier: Mapping[str, str], run_id: str, task_key: str,
-                               attempt: int) -> contextlib.AbstractContextManager[None] | None:
-    """Return a context manager to enter around the task call of a carried attempt.
-
-    When: only for attempts whose job has a carrier (see
-    ``ledgerflow_job_carrier``), just before the task's function is called
-    and exited right after it returns or raises. Process: the one that runs
-    the attempt (a thread of the driver, a worker process, a Dask worker).
-    Results: every context manager returned is entered, in order; a failure
-    to enter or exit one is logged and never fails the attempt. Added in 0.2.
-    """
 
 
 @hookspec

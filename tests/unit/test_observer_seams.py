@@ -1,11 +1,12 @@
-"""The observer seams: committed records, a carrier per attempt, and its context in the worker."""
+"""The observer seams: committed records, and a carrier per attempt entered where it runs."""
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -121,35 +122,49 @@ def test_no_observer_means_no_hook_on_the_hot_path(tmp_path: Path) -> None:
     assert run._runner.hook_carrier is None
 
 
+ENTERED: list[tuple[str, str]] = []
+
+
+@contextlib.contextmanager
+def _marked(task_key: str) -> Iterator[None]:
+    token = SEEN.set(task_key)
+    ENTERED.append(("enter", task_key))
+    try:
+        yield
+    finally:
+        SEEN.reset(token)
+        ENTERED.append(("exit", task_key))
+
+
+@dataclass
+class MarkCarrier:
+    """A carrier whose scope marks the task call (picklable: it travels with the job)."""
+
+    headers: dict[str, str]
+
+    def scope(self) -> contextlib.AbstractContextManager[None]:
+        return _marked(self.headers["x-task"])
+
+
 class CarrierObserver:
-    """Hands every attempt a carrier naming it, and marks the task call with a context."""
+    """Hands every attempt a carrier naming it."""
 
     def __init__(self) -> None:
         self.asked: list[tuple[str, int]] = []
-        self.entered: list[tuple[str, str]] = []
+        ENTERED.clear()
+
+    @property
+    def entered(self) -> list[tuple[str, str]]:
+        return list(ENTERED)
 
     @hookimpl
-    def ledgerflow_job_carrier(self, task_key: str, attempt: int) -> dict[str, str]:
+    def ledgerflow_job_carrier(self, task_key: str, attempt: int) -> MarkCarrier:
         self.asked.append((task_key, attempt))
-        return {"traceparent": f"00-{attempt:032x}-{1:016x}-01", "x-task": task_key}
-
-    @hookimpl
-    def ledgerflow_attempt_context(self, carrier: Mapping[str, str], task_key: str
-                                   ) -> contextlib.AbstractContextManager[None]:
-        @contextlib.contextmanager
-        def scope() -> Iterator[None]:
-            token = SEEN.set(carrier["x-task"])
-            self.entered.append(("enter", task_key))
-            try:
-                yield
-            finally:
-                SEEN.reset(token)
-                self.entered.append(("exit", task_key))
-        return scope()
+        return MarkCarrier({"traceparent": f"00-{attempt:032x}-{1:016x}-01", "x-task": task_key})
 
 
 @pytest.mark.parametrize("executor", ["inline", "threads"])
-def test_a_carrier_reaches_the_task_and_its_context_wraps_the_call(tmp_path: Path,
+def test_a_carrier_reaches_the_task_and_its_scope_wraps_the_call(tmp_path: Path,
                                                                    executor: str) -> None:
     obs = CarrierObserver()
     with registered(obs):
@@ -161,41 +176,38 @@ def test_a_carrier_reaches_the_task_and_its_context_wraps_the_call(tmp_path: Pat
     assert obs.entered == [("enter", "carried"), ("exit", "carried")]
 
 
-def test_a_carrier_travels_to_a_worker_process(tmp_path: Path) -> None:
+def test_a_carrier_travels_to_a_worker_process_and_its_scope_runs_there(tmp_path: Path
+                                                                         ) -> None:
     obs = CarrierObserver()
     with registered(obs):
         run = single.run(store=str(tmp_path / "l.duckdb"), executor="processes", workers=1)
     got = run.result()
-    # the worker process has its own plugins (from entry points): the data arrives,
-    # this test's in-process context hook does not run there
-    assert got["carrier"]["x-task"] == "carried"
-    assert got["scope"] == ""
+    assert got == {"carrier": {"traceparent": f"00-{1:032x}-{1:016x}-01", "x-task": "carried"},
+                   "scope": "carried"}
+    assert obs.entered == []        # entered in the worker, not here
 
 
-def test_a_broken_attempt_context_never_fails_the_attempt(tmp_path: Path,
-                                                          caplog: pytest.LogCaptureFixture) -> None:
+class BadScope:
+    headers: dict[str, str] = {"k": "v"}
+
+    def scope(self) -> contextlib.AbstractContextManager[None]:
+        raise RuntimeError("cannot enter")
+
+
+def test_a_broken_carrier_never_fails_the_attempt(tmp_path: Path,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
     class Broken:
         @hookimpl
-        def ledgerflow_job_carrier(self) -> dict[str, str]:
-            return {"k": "v"}
-
-        @hookimpl
-        def ledgerflow_attempt_context(self) -> contextlib.AbstractContextManager[None]:
-            class Bad:
-                def __enter__(self) -> None:
-                    raise RuntimeError("cannot enter")
-
-                def __exit__(self, *exc: object) -> None:
-                    return None
-            return Bad()
+        def ledgerflow_job_carrier(self) -> BadScope:
+            return BadScope()
 
     with registered(Broken()):
         run = chain.run(store=str(tmp_path / "l.duckdb"), executor="inline", n=1)
     assert run.state == "succeeded"
-    assert "entering an attempt context failed" in caplog.text
+    assert "entering an attempt carrier's scope failed" in caplog.text
 
 
-def test_a_task_error_passes_through_the_attempt_context(tmp_path: Path) -> None:
+def test_a_task_error_passes_through_the_carrier_scope(tmp_path: Path) -> None:
     obs = CarrierObserver()
     with registered(obs):
         run = failing.run(store=str(tmp_path / "l.duckdb"), executor="threads")
