@@ -41,7 +41,7 @@ from openlineage.client.uuid import generate_static_uuid
 
 import ledgerflow
 from ledgerflow.errors import InputError
-from ledgerflow.records import Record, RunDefined, RunStateChanged, Transition
+from ledgerflow.records import AttemptEnded, Record, RunDefined, RunStateChanged, Transition
 from ledgerflow.store import RunStore
 
 from ._runs import Artifact, Ended, RunTracker, TaskInfo, attempts_of
@@ -484,22 +484,23 @@ class Lineage:
         jobs: list[Callable[[], list[RunEvent]]] = []
         if fresh:
             jobs.append(lambda: [run_event(namer, tracker, "START", tracker.created_at)])
-        for rec in records:
+        ends = {(e.task.key, e.attempt): e for e in ended}
+        for rec in records:         # in commit order
             if isinstance(rec, Transition):
-                e = rec
-                if e.to_state == "running":
-                    info, n, ts = tracker.tasks[e.task_key], e.attempt, e.ts
-                    ups = tracker.upstream_results(info)
-                    jobs.append(_later(start_event, namer, tracker, info, n, ts, ups))
-                elif e.to_state == "succeeded" and e.from_state == "ready":
-                    info = tracker.tasks[e.task_key]
-                    jobs.append(_later(cached_events, namer, tracker, info, e.attempt, e.ts,
+                if rec.to_state == "running":
+                    info = tracker.tasks[rec.task_key]
+                    jobs.append(_later(start_event, namer, tracker, info, rec.attempt, rec.ts,
                                        tracker.upstream_results(info)))
-        for end in ended:
-            jobs.append(_later(end_event, namer, tracker, end, None, None,
-                               tracker.upstream_results(end.task)))
-        for rec in records:
-            if isinstance(rec, RunStateChanged) and rec.state in _TERMINAL_RUN:
+                elif rec.to_state == "succeeded" and rec.from_state == "ready":
+                    info = tracker.tasks[rec.task_key]
+                    jobs.append(_later(cached_events, namer, tracker, info, rec.attempt,
+                                       rec.ts, tracker.upstream_results(info)))
+            elif isinstance(rec, AttemptEnded):
+                end = ends.pop((rec.task_key, rec.attempt), None)
+                if end is not None:
+                    jobs.append(_later(end_event, namer, tracker, end,
+                                       tracker.upstream_results(end.task)))
+            elif isinstance(rec, RunStateChanged) and rec.state in _TERMINAL_RUN:
                 jobs.append(_run_end(namer, tracker, rec))
         for job in jobs:
             self.emitter.put(job)
@@ -523,7 +524,6 @@ def _later(fn: Callable[..., Any], namer: Namer, tracker: RunTracker, *args: Any
            ) -> Callable[[], list[RunEvent]]:
     """Build ``fn``'s event(s) later, with the upstream hashes as they are now."""
     *rest, ups = args
-    rest = [a for a in rest if a is not None]
     frozen = _Frozen(tracker, ups)
 
     def build() -> list[RunEvent]:

@@ -16,10 +16,11 @@ What it records:
   ``ledgerflow.attempt``, ``ledgerflow.fingerprint``,
   ``ledgerflow.cache_hit`` as attributes, errors as an ``exception`` event
   with status ERROR; a cache hit is a span of zero length;
-* the attempt's context travels with the job (``traceparent`` in
-  ``Job.carrier``) and is made current around the task call in whatever
-  process runs it, so a span the task opens nests under its attempt;
-  program tasks get it as ``TRACEPARENT``;
+* the attempt's context travels with the job (a
+  :class:`~ledgerflow_observability._carrier.TraceCarrier` in ``Job.carrier``)
+  and is made current around the task call in whatever process runs it,
+  so a span the task opens nests under its attempt; program tasks get it
+  as ``TRACEPARENT``;
 * model and tool calls reported with :mod:`ledgerflow_observability.genai`
   are child spans with the ``gen_ai.*`` attributes.
 
@@ -32,7 +33,7 @@ HTTP when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set, else
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -41,6 +42,7 @@ from ledgerflow import hookimpl
 from ledgerflow.context import context
 
 from . import genai
+from ._carrier import TraceCarrier
 from ._settings import otel_enabled
 from ._switch import Switch
 
@@ -75,8 +77,9 @@ class Observer:
 
     @hookimpl
     def ledgerflow_job_carrier(self, run_id: str, task_key: str,
-                               attempt: int) -> dict[str, str] | None:
-        return self.impl().carrier(run_id, task_key, attempt)
+                               attempt: int) -> TraceCarrier | None:
+        headers = self.impl().carrier(run_id, task_key, attempt)
+        return None if headers is None else TraceCarrier(headers)
 
     @hookimpl
     def ledgerflow_run_finish(self, run_id: str, state: str) -> None:
@@ -113,22 +116,13 @@ def enabled() -> bool:
     return SWITCH.enabled
 
 
-# -- always registered: cheap unless a run is traced --------------------------------------
+# -- always registered: they do nothing unless a run is traced ---------------------------
 
 @hookimpl
 def ledgerflow_addhooks(pluginmanager: pluggy.PluginManager) -> None:
     genai.add_spec(pluginmanager)
     if otel_enabled() and not SWITCH.enabled:
         SWITCH.register(pluginmanager)
-
-
-@hookimpl
-def ledgerflow_attempt_context(carrier: Mapping[str, str]
-                               ) -> contextlib.AbstractContextManager[None] | None:
-    if "traceparent" not in carrier:
-        return None
-    from . import _otel
-    return _otel.attached(carrier)
 
 
 @hookimpl
