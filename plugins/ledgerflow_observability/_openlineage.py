@@ -476,6 +476,8 @@ class Lineage:
         fresh = any(type(r) is RunDefined for r in records)
         if run is None:
             tracker = RunTracker(run_id) if fresh else RunTracker.from_store(run_id, store)
+            # a submitted run driven for the first time: its START was not emitted yet
+            fresh = fresh or not tracker.tasks
             run = self.runs[run_id] = _Run(tracker, Namer(self.namespace, ""))
         tracker = run.tracker
         ended = tracker.apply(records)

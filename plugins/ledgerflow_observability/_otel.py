@@ -129,7 +129,7 @@ def attached(carrier: Mapping[str, str]) -> Iterator[None]:
     finally:
         otel_context.detach(token)
         if _worker_provider is not None:
-            _worker_provider.force_flush(5000)
+            _worker_provider.force_flush(1000)     # bounded: a collector that is down
 
 
 @contextlib.contextmanager
