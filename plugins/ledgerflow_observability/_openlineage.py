@@ -10,6 +10,7 @@ was emitted while it ran.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
@@ -190,12 +191,20 @@ class Namer:
         return f"{self.pipeline}.{info.node or info.key}"
 
 
+@functools.lru_cache(maxsize=1)
 def _engine() -> processing_engine_run.ProcessingEngineRunFacet:
     return processing_engine_run.ProcessingEngineRunFacet(producer=PRODUCER,
         version=ledgerflow.__version__, name="ledgerflow", openlineageAdapterVersion=client_version)
 
 
 def _parent(namer: Namer, parent_id: str) -> parent_run.ParentRunFacet:
+    return _parent_facet(namer.namespace, namer.pipeline, parent_id)
+
+
+@functools.lru_cache(maxsize=64)
+def _parent_facet(namespace: str, pipeline: str, parent_id: str) -> parent_run.ParentRunFacet:
+    """One facet object per run (facets are only read when events are serialised)."""
+    namer = Namer(namespace, pipeline)
     return parent_run.ParentRunFacet(producer=PRODUCER,
         run=parent_run.Run(runId=parent_id),
         job=parent_run.Job(namespace=namer.namespace, name=namer.pipeline),
@@ -205,7 +214,13 @@ def _parent(namer: Namer, parent_id: str) -> parent_run.ParentRunFacet:
 
 
 def _task_job(namer: Namer, info: TaskInfo) -> Job:
-    return Job(namespace=namer.namespace, name=namer.job(info), facets={
+    return _job(namer.namespace, namer.job(info), info.name, info.code_version)
+
+
+@functools.lru_cache(maxsize=4096)
+def _job(namespace: str, name: str, task: str, code_version: str) -> Job:
+    info = TaskInfo(task, name=task, code_version=code_version)
+    return Job(namespace=namespace, name=name, facets={
         "jobType": job_type_job.JobTypeJobFacet(producer=PRODUCER, processingType="BATCH",
                                                 integration="LEDGERFLOW", jobType="TASK"),
         "ledgerflow_code": LedgerflowCodeJobFacet(producer=PRODUCER, task=info.name,
