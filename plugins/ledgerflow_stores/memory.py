@@ -30,6 +30,7 @@ from ledgerflow.records import (
     Notice,
     Record,
     StepRecorded,
+    Transition,
 )
 from ledgerflow.results import Encoded, decode
 from ledgerflow.states import TaskState
@@ -39,6 +40,7 @@ from ledgerflow.views import (
     approval_rows,
     attempt_dict,
     decision_dict,
+    event_dict,
     lineage_rows,
     log_dict,
     notice_dict,
@@ -229,6 +231,9 @@ class MemoryStore:
 
     def repair(self) -> tuple[str, list[str]]:
         return "", []
+    def events(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
+        return [event_dict(r) for r in self._rows(run_id, Transition)
+                if task_key is None or r.task_key == task_key]
 
     def close(self) -> None:
         return None

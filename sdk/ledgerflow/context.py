@@ -57,6 +57,9 @@ class RunContext:
     _idempotency_key: str = ""
     _cancel: Callable[[], bool] | None = None
     lineage: list[tuple[str, str, str | None, dict[str, str]]] = field(default_factory=list)
+    #: Propagation headers an observer attached to this attempt (W3C ``traceparent``
+    #: when tracing is on), or None; program tasks pass them on as ``TRACEPARENT``...
+    carrier: dict[str, str] | None = None
     #: The task's code version (part of what an in-task approval is bound to).
     code_version: str = ""
     _approvals: dict[str, Decision] = field(default_factory=dict)

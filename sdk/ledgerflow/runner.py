@@ -15,8 +15,10 @@ Two rules order the commits:
 * *durable before unlock* follows: a dependent starts only after the commit
   that holds its upstream's success and result.
 
-Observers (the ``ledgerflow_task_state_changed`` hook, progress displays)
-hear of a transition after the commit that holds it.
+Observers (the ``ledgerflow_task_state_changed`` and
+``ledgerflow_records_committed`` hooks, progress displays) hear of a
+transition after the commit that holds it; an observer may attach a
+propagation carrier to each attempt it saw start (``ledgerflow_job_carrier``).
 """
 
 from __future__ import annotations
@@ -107,6 +109,8 @@ class Runner:
                  cache: dict[str, CacheHit] | None = None,
                  hook_changed: Callable[..., Any] | None = None,
                  hook_attempt: Callable[..., Any] | None = None,
+                 hook_records: Callable[..., Any] | None = None,
+                 hook_carrier: Callable[..., Any] | None = None,
                  cancel_event: threading.Event | None = None,
                  on_change: Callable[[str, str, str], None] | None = None) -> None:
         self.graph = graph
@@ -119,6 +123,8 @@ class Runner:
         self.hook_changed = hook_changed
         self.hook_attempt = hook_attempt
         self.ended: list[AttemptEnded] = []     # told to observers after the commit
+        self.hook_records = hook_records
+        self.hook_carrier = hook_carrier
         self.on_change = on_change
         self.observed = hook_changed is not None or on_change is not None
         self.cancel_event = cancel_event or threading.Event()
@@ -180,6 +186,7 @@ class Runner:
         self._move_run(RunState.SUBMITTED if submit else RunState.RUNNING, "",
                        records=records)
         self.lease = self.store.create_run(self.run_id, records)
+        self._committed(records)
         return self.lease
 
     def take_over(self, lease: Lease) -> None:
@@ -188,6 +195,7 @@ class Runner:
         records: list[Record] = [driver_header(lease.token)]
         self._move_run(RunState.RUNNING, "resumed", resume=True, records=records)
         self.store.append(lease, records)
+        self._committed(records)
 
     def cancel_submitted(self, lease: Lease, reason: str) -> None:
         """End a ``submitted`` run that no driver took yet: it goes ``cancelled``."""
@@ -274,12 +282,22 @@ class Runner:
         self.buf.append(Notice(key, attempt, kind, message, time.time()))
 
     # -- commits ------------------------------------------------------------------------
+    def _committed(self, records: list[Record]) -> None:
+        """Hand one commit's records to ``ledgerflow_records_committed`` observers."""
+        if self.hook_records is not None:
+            try:
+                self.hook_records(run_id=self.run_id, records=records, store=self.store)
+            except Exception:  # observers must never break a run
+                log.exception("ledgerflow_records_committed hook failed")
+
     def _flush(self) -> None:
         """Write the buffered records (one group commit), then tell observers."""
         if self.buf:
             records, self.buf = self.buf, []
             assert self.lease is not None
             self.store.append(self.lease, records)
+            if self.hook_records is not None:
+                self._committed(records)
         if self.changes:
             changes, self.changes = self.changes, []
             self._notify(changes)
@@ -514,6 +532,12 @@ class Runner:
         if inst.state != _RUNNING:      # cancelled before it could start: nothing ran
             self._on_complete(Completion(job.id, "cancelled", has_value=False))
             return
+        if self.hook_carrier is not None:
+            try:
+                job.carrier = self.hook_carrier(run_id=job.run_id, task_key=job.task_key,
+                                                attempt=job.attempt)
+            except Exception:  # observers must never break a run
+                log.exception("ledgerflow_job_carrier hook failed")
         if self.in_driver or (alone and self.inline_when_alone and job.timeout is None
                               and self.inflight == 1 and not self.ready):
             c = execute(job, self._cancel_seen)

@@ -84,6 +84,9 @@ class RunStore(Protocol):
     def attempts(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
         """One row per finished attempt."""
 
+    def events(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
+        """Every task transition of a run, in the order it was made (``seq``)."""
+
     def logs(self, run_id: str, task_key: str | None = None,
              attempt: int | None = None) -> list[dict[str, Any]]:
         """What attempts wrote (stdout, stderr, logging), one row per attempt."""

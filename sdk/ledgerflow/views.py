@@ -21,6 +21,7 @@ from .records import (
     LogRecorded,
     Notice,
     StepRecorded,
+    Transition,
 )
 from .states import FAILED_LIKE, RUN_ACTIVE, TaskState
 
@@ -144,6 +145,13 @@ def attempt_dict(r: AttemptEnded) -> dict[str, Any]:
             "started_at": r.started_at, "ended_at": r.ended_at,
             "error_type": r.error_type, "error_message": r.error_message,
             "traceback": r.traceback}
+
+
+def event_dict(r: Transition) -> dict[str, Any]:
+    """A task transition as ``Run.events()`` shows it."""
+    return {"seq": r.seq, "task_key": r.task_key, "attempt": r.attempt,
+            "from_state": r.from_state, "to_state": r.to_state, "reason": r.reason,
+            "ts": r.ts}
 
 
 def log_dict(r: LogRecorded) -> dict[str, Any]:

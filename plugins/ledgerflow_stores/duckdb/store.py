@@ -45,6 +45,7 @@ from ledgerflow.records import (
     RunDefined,
     StepRecorded,
     Takeover,
+    Transition,
 )
 from ledgerflow.results import Encoded
 from ledgerflow.states import RUN_ACTIVE
@@ -54,6 +55,7 @@ from ledgerflow.views import (
     approval_rows,
     attempt_dict,
     decision_dict,
+    event_dict,
     lineage_rows,
     log_dict,
     notice_dict,
@@ -361,6 +363,10 @@ class DuckDBStore:
 
     def attempts(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
         return [attempt_dict(r) for r in self._records(run_id, AttemptEnded)
+                if task_key is None or r.task_key == task_key]
+
+    def events(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
+        return [event_dict(r) for r in self._records(run_id, Transition)
                 if task_key is None or r.task_key == task_key]
 
     def logs(self, run_id: str, task_key: str | None = None,
