@@ -61,6 +61,9 @@ class Job:
     code_version: str = ""
     approvals: dict[str, Any] = field(default_factory=dict)
     steps: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: Folders workers may keep durable files in (step logs go to the run folder).
+    ledger_folder: str | None = None
+    run_folder: str | None = None
     #: What an observer attached to this attempt (``ledgerflow_job_carrier``), or None.
     carrier: Carrier | None = None
 
@@ -93,6 +96,9 @@ class Completion:
     approval: dict[str, Any] | None = None
     #: Steps the attempt did: (name, kind, data, content hash).
     steps: list[tuple[str, str, str, str]] = field(default_factory=list)
+    #: Model and tool calls the attempt made (fields of ModelCall / ToolCall).
+    model_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
 @runtime_checkable
@@ -157,9 +163,12 @@ def _execute(job: Job, cancel: Callable[[], bool] | None, keep_value: bool) -> C
                      _idempotency_key=job.idempotency_key, _cancel=cancel,
                      code_version=job.code_version, _approvals=job.approvals,
                      _steps=dict(job.steps),
+                     ledger_folder=job.ledger_folder, run_folder=job.run_folder,
                      carrier=None if job.carrier is None else dict(job.carrier.headers))
     c = _attempt(job, ctx, keep_value)
     c.steps = ctx.steps_done
+    c.model_calls = ctx.model_calls
+    c.tool_calls = ctx.tool_calls
     return c
 
 

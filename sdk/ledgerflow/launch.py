@@ -31,7 +31,7 @@ from .runner import Runner
 from .states import RunState, TaskState
 from .store import Lease, RunStore
 from .task import MapRef, TaskRef
-from .views import RunView
+from .views import RunView, usage_summary
 
 if TYPE_CHECKING:
     from .pipeline import Pipeline
@@ -246,6 +246,20 @@ class Run:
         """What attempts wrote (stdout, stderr, logging): one dict per attempt with
         ``task_key``, ``attempt``, ``stream``, ``text`` and ``dropped`` (bytes cut)."""
         return self.store.logs(self.run_id, task_key, attempt)
+
+    def usage(self) -> dict[str, Any]:
+        """Tokens, cost and calls of the run's model calls: totals and per task, model
+        and key (``pipeline usage RUN_ID --json``)."""
+        return usage_summary(self.store.model_calls(self.run_id),
+                             self.store.tool_calls(self.run_id))
+
+    def model_calls(self) -> list[dict[str, Any]]:
+        """Every model call of the run, in order."""
+        return self.store.model_calls(self.run_id)
+
+    def tool_calls(self) -> list[dict[str, Any]]:
+        """Every tool call of the run, in order."""
+        return self.store.tool_calls(self.run_id)
 
     def events(self, task_key: str | None = None) -> list[dict[str, Any]]:
         """Every task transition (seq, task, attempt, from, to, reason, time), in order."""

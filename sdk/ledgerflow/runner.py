@@ -39,6 +39,7 @@ from typing import Any
 from ._gc import quiet_gc
 from .approval import APPROVED, EXPIRED, REJECTED, Approval, Decision, summarize, task_digest
 from .config import Settings
+from .context import read_step_log, step_log_path
 from .errors import ApprovalConflictError, InvalidTransitionError, PipelineError
 from .executor import Completion, Executor, Job, execute, inline_when_alone, runs_in_driver
 from .graph import Graph
@@ -52,6 +53,7 @@ from .records import (
     AttemptEnded,
     DriverHeader,
     LogRecorded,
+    ModelCall,
     Notice,
     Record,
     ResultRecorded,
@@ -59,6 +61,7 @@ from .records import (
     RunStateChanged,
     StepRecorded,
     TaskCreated,
+    ToolCall,
     Transition,
 )
 from .results import decode
@@ -88,6 +91,15 @@ _SUCCEEDED, _FAILED, _CANCELLED = _T.SUCCEEDED.value, _T.FAILED.value, _T.CANCEL
 _UPSTREAM_FAILED = _T.UPSTREAM_FAILED.value
 _WAITING_APPROVAL = _T.WAITING_APPROVAL.value
 _NO_STEPS: dict[str, tuple[str, str]] = {}
+#: Defaults of the fields a task may leave out when it records a model or tool call.
+_MODEL_CALL: dict[str, Any] = {
+    "seq": 0, "provider": "", "model": "", "key_alias": "", "request_hash": "",
+    "response_hash": "", "input_tokens": 0, "output_tokens": 0, "cost": 0.0,
+    "latency": 0.0, "finish_reason": "", "tool_calls": [], "reserved_tokens": 0,
+    "reserved_cost": 0.0, "replayed": False, "content": ""}
+_TOOL_CALL: dict[str, Any] = {
+    "seq": 0, "tool": "", "arguments_digest": "", "approved_by": "", "outcome": "",
+    "result_hash": "", "error": "", "replayed": False}
 _TERMINAL = frozenset(s.value for s in TERMINAL)
 _FAILED_LIKE = frozenset(s.value for s in FAILED_LIKE)
 _NOT_STARTED = frozenset(s.value for s in NOT_STARTED)
@@ -168,6 +180,8 @@ class Runner:
         self.journaled: set[str] = set()
         self.latest_request: dict[str, str] = {}
         self.steps: dict[str, dict[str, tuple[str, str]]] = {}
+        folders = getattr(store, "worker_folders", None)
+        self.folders: tuple[str, str] | None = folders(run_id) if folders else None
 
     # -- the run's own records ----------------------------------------------------------
     def create(self, *, pipeline: str, target: str | None, params: dict[str, Any],
@@ -515,7 +529,9 @@ class Runner:
                   timeout=opts.timeout, task_name=node.task.name,  # idempotency key: lazily
                   echo=self.echo, code_version=node.task.version,
                   approvals=self._decisions_for(inst.key) if self.decided else {},
-                  steps=self.steps.get(inst.key, _NO_STEPS))
+                  steps=self._steps_for(inst),
+                  ledger_folder=self.folders[0] if self.folders else None,
+                  run_folder=self.folders[1] if self.folders else None)
         inst.job = job
         self.jobs[job.id] = inst
         self.inflight += 1
@@ -643,6 +659,16 @@ class Runner:
                              float(d.get("decided_at") or 0), dg)
                 for dg, d in self.decided.items() if d["task_key"] == key}
 
+    def _steps_for(self, inst: Instance) -> dict[str, tuple[str, str]]:
+        """Steps recorded for a task: at attempt ends, and (for attempts that never
+        reported, e.g. lost with their process) in its step log."""
+        if inst.attempt <= 1 or self.folders is None:
+            return self.steps.get(inst.key, _NO_STEPS)
+        recorded = self.steps.setdefault(inst.key, {})
+        for line in read_step_log(step_log_path(self.folders[1], inst.key)):
+            recorded.setdefault(line["name"], (line["kind"], line["data"]))
+        return recorded
+
     def _load_signals(self) -> None:
         """What a prior drive recorded: requests, decisions and step results."""
         for r in self.store.approvals(self.run_id):
@@ -740,6 +766,12 @@ class Runner:
             return
         self._attempt_ended(AttemptEnded(inst.key, inst.attempt, c.outcome, c.started_at,
                                      c.ended_at, c.error_type, c.error_message, c.traceback))
+        for call in c.model_calls:
+            self.buf.append(ModelCall(**{**_MODEL_CALL, **call, "task_key": inst.key,
+                                         "attempt": inst.attempt}))
+        for call in c.tool_calls:
+            self.buf.append(ToolCall(**{**_TOOL_CALL, **call, "task_key": inst.key,
+                                        "attempt": inst.attempt}))
         if c.steps:
             recorded = self.steps.setdefault(inst.key, {})
             for name, kind, data, step_hash in c.steps:

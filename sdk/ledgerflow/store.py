@@ -111,6 +111,16 @@ class RunStore(Protocol):
     def steps(self, run_id: str) -> list[dict[str, Any]]:
         """Results of steps tasks recorded (``context().step``)."""
 
+    def model_calls(self, run_id: str) -> list[dict[str, Any]]:
+        """Every model call of the run (fields of ``records.ModelCall``)."""
+
+    def tool_calls(self, run_id: str) -> list[dict[str, Any]]:
+        """Every tool call of the run (fields of ``records.ToolCall``)."""
+
+    def worker_folders(self, run_id: str) -> tuple[str, str] | None:
+        """(ledger folder, run folder) where workers on this machine may keep durable
+        files (step logs, budgets), or None when the store has no folder."""
+
     def recover(self) -> None:
         """Bring what is derived from the records up to date (e.g. fold the journals a
         killed driver left). Called by commands that may write, before they read."""

@@ -21,6 +21,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
+
 from ledgerflow.errors import (
     DamagedLedgerError,
     JournalDamagedError,
@@ -40,11 +42,13 @@ from ledgerflow.records import (
     ArtifactRecorded,
     AttemptEnded,
     LogRecorded,
+    ModelCall,
     Notice,
     Record,
     RunDefined,
     StepRecorded,
     Takeover,
+    ToolCall,
     Transition,
 )
 from ledgerflow.results import Encoded
@@ -356,7 +360,8 @@ class DuckDBStore:
             tail, damage = self._tail(con, run_id)
         view = self._view(run_id, view, tail, damage)
         arts = rows + [r for r in tail if type(r) is ArtifactRecorded]
-        return lineage_rows(view, arts, task_key, self.approvals(run_id))
+        return lineage_rows(view, arts, task_key, self.approvals(run_id),
+                            self.model_calls(run_id) + self.tool_calls(run_id))
 
     def notices(self, run_id: str) -> list[dict[str, Any]]:
         return [notice_dict(r) for r in self._records(run_id, Notice)]
@@ -399,6 +404,17 @@ class DuckDBStore:
 
     def steps(self, run_id: str) -> list[dict[str, Any]]:
         return [step_dict(r) for r in self._records(run_id, StepRecorded)]
+
+    def worker_folders(self, run_id: str) -> tuple[str, str]:
+        """(the ledger's side folder, this run's folder): where workers on this machine
+        keep durable files (step logs, budgets, rate limits)."""
+        return str(self.side), str(self.leases.run_dir(run_id))
+
+    def model_calls(self, run_id: str) -> list[dict[str, Any]]:
+        return [msgspec.structs.asdict(r) for r in self._records(run_id, ModelCall)]
+
+    def tool_calls(self, run_id: str) -> list[dict[str, Any]]:
+        return [msgspec.structs.asdict(r) for r in self._records(run_id, ToolCall)]
 
     def driver_alive(self, run_id: str) -> bool:
         """True if a live process drives ``run_id``: its lease names one, or one holds

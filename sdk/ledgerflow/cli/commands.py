@@ -666,3 +666,33 @@ def reject(run_id: str, task_key: str, reason: str, digest: str | None, by: str 
     """
     doc = api.reject(run_id, task_key, reason=reason, digest=digest, by=by, store=store)
     _decided(doc, run_id, and_resume, store)
+
+
+@main.command()
+@click.argument("run_id")
+@STORE
+@JSON
+@guard
+def usage(run_id: str, store: str | None, as_json: bool) -> None:
+    """Sum a run's model calls: tokens, cost and calls per task, model and key.
+
+    \b
+    Example:
+      pipeline usage 20261129-194138-3fa9c2 --json
+    """
+    doc = api.get_run(run_id, store=store).usage()
+    if as_json:
+        out(dumps(doc))
+        return
+    t = doc["totals"]
+    out(f"run {run_id}: {t['model_calls']} model call(s), {t['tokens']} tokens "
+        f"({t['input_tokens']} in, {t['output_tokens']} out), cost {t['cost']:.6g}, "
+        f"{t['tool_calls']} tool call(s)"
+        + (f", {t['replayed']} replayed (not billed)" if t["replayed"] else ""))
+    for group in ("task", "model", "key"):
+        rows = doc[f"by_{group}"]
+        if rows:
+            out(f"by {group}:")
+            for r in rows:
+                out(f"  {r[group]:<40} {r['model_calls']:>5} calls {r['tokens']:>9} tokens "
+                    f"cost {r['cost']:.6g}")
