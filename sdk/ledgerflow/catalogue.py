@@ -150,7 +150,7 @@ class Unresolved:
 
 
 def _module_by_path(mod: str, folder: str | None) -> ModuleType:
-    from .loading import load_module
+    from .modules import load_module
     candidates = [Path(mod)] if os.path.isabs(mod) else \
         [*([Path(folder) / mod] if folder else []), Path(mod)]
     for c in candidates:
@@ -264,7 +264,7 @@ class Catalogue:
 
 def _load(source: str) -> list[ModuleType]:
     """The module (or a package's modules) ``source`` names: a dotted name or a file."""
-    from .loading import load_module
+    from .modules import load_module
     if source.endswith(".py") or os.sep in source or Path(source).is_file():
         return [load_module(source)]
     try:

@@ -274,11 +274,18 @@ def approve(store: Any, path: str, header: DraftHeader, digest: str, prefix: str
         return found, False
 
 
+def _shown(path: str) -> str:
+    """``path`` relative to the working directory when it is inside it."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
 def require_approval(path: str, header: DraftHeader, digest: str, store: Any) -> dict[str, Any]:
     """The approval of the draft's current digest; else raise DraftNotApprovedError."""
     found = approval(store, header, digest)
     if found is not None:
         return found
+    path = _shown(path)
     shown = os.path.basename(path)
     try:
         store.get_run(header.run, tasks=False)

@@ -1,7 +1,15 @@
 """Policies: which tasks, paths, network, models, keys, tools and budget a spec may use.
 
 A policy is a small TOML file; every key is an allowlist and a missing key
-puts no limit on that kind::
+puts no limit on that kind (TOML: the plain keys come before the first
+``[table]``)::
+
+    network = false              # true, false, or a list of host names
+    models = ["local", "mock"]   # model providers (agent tasks, pipeline draft)
+    keys = ["OPENAI_API_KEY"]    # key aliases: names of environment variables
+    tools = ["search_index"]     # tools agent tasks may call
+    programs = ["pdftotext"]     # executables program tasks may run
+    max_budget_usd = 0.50        # the sum of the steps' declared budgets
 
     [tasks]
     allow = ["recipes/doc_index/pipeline.py:*", "mypkg.steps:*"]   # import-path globs
@@ -10,13 +18,6 @@ puts no limit on that kind::
     [paths]                      # relative entries: from this file's folder
     read = ["docs/"]             # a folder allows everything under it; globs allowed
     write = ["indexes/", "*.duckdb"]
-
-    network = false              # true, false, or a list of host names
-    models = ["local", "mock"]   # model providers (agent tasks, pipeline draft)
-    keys = ["OPENAI_API_KEY"]    # key aliases: names of environment variables
-    tools = ["search_index"]     # tools agent tasks may call
-    programs = ["pdftotext"]     # executables program tasks may run
-    max_budget_usd = 0.50        # the sum of the steps' declared budgets
 
     [needs."*:update_index"]     # what a task touches, when it does not declare it
     writes = ["{index}"]         # {name}: the value of that argument in the step
@@ -39,8 +40,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeVar
-
-import tomllib
 
 from .errors import InputError
 from .problems import Problem, step_path
@@ -130,6 +129,8 @@ def load_policy(path: str | os.PathLike[str]) -> Policy:
     Raises:
         InputError: the file is missing, is not TOML, or has unknown keys or bad values.
     """
+    import tomllib  # Python 3.11+
+
     p = Path(path)
     try:
         doc = tomllib.loads(p.read_text())
@@ -153,8 +154,11 @@ def load_policy(path: str | os.PathLike[str]) -> Policy:
                              hint=f"[{name}]\n{keys[0]} = [...]")
         bad = sorted(set(table) - set(keys))
         if bad:
+            moved = [b for b in bad if b in POLICY_KEYS]
             raise InputError(f"policy {path}: [{name}] has unknown key(s): {', '.join(bad)}",
-                             hint=f"[{name}] takes: {', '.join(keys)}")
+                             hint=f"[{name}] takes: {', '.join(keys)}" + (
+                                 f"; put {', '.join(moved)} above the first [table] (in TOML "
+                                 "a key after [table] belongs to that table)" if moved else ""))
     network = doc.get("network")
     if network is not None and not isinstance(network, bool):
         network = _strings(doc, "network", str(path))

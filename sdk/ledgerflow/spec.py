@@ -191,7 +191,8 @@ def check(doc: object, *, folder: str | None = None, policy: Policy | None = Non
     if policy is not None:
         uses = [StepUse(key=k, ref=s.info.ref, task=s.info.task,
                         args={**{p.name: p.default for p in s.info.params
-                                 if p.default is not NO_DEFAULT}, **s.args},
+                                 if p.default is not NO_DEFAULT},
+                              **_fitting(s)},     # a mistyped value is reported once, above
                         fed={**dict(s.inputs),
                              **({s.info.first.name: s.map} if s.map and s.info.first else {})},
                         is_map=s.map is not None)
@@ -199,6 +200,16 @@ def check(doc: object, *, folder: str | None = None, policy: Policy | None = Non
         rep.problems += check_policy(uses, policy, folder=folder, cwd=cwd)
     rep.problems.sort(key=lambda p: p.path)
     return rep
+
+
+def _fitting(s: Step) -> dict[str, Any]:
+    """The step's literal arguments that fit their parameters' types."""
+    out = {}
+    for name, value in s.args.items():
+        p = s.info.param(name)
+        if p is None or value_fits(value, p.hint):
+            out[name] = value
+    return out
 
 
 def _check_step(rep: Report, key: str, entry: Mapping[str, Any],
