@@ -267,7 +267,7 @@ def declared(step: StepUse, policy: Policy | None) -> dict[str, list[Any]]:
 _UNKNOWN = object()
 
 
-def _fill(template: Any, step: StepUse) -> list[Any] | str:
+def fill_need(template: Any, step: StepUse) -> list[Any] | str:
     """The values of a declaration with ``{name}`` filled from the step's arguments;
     or the name of the step that feeds a placeholder (then it is known only at run time)."""
     if not isinstance(template, str) or "{" not in template:
@@ -326,7 +326,7 @@ def check(steps: Sequence[StepUse], policy: Policy, *, folder: str | None = None
             if allowed is None:
                 continue
             for template in need[kind]:
-                filled = _fill(template, step)
+                filled = fill_need(template, step)
                 if isinstance(filled, str):
                     problems.append(_unchecked(step, template, filled, what))
                     continue
@@ -354,7 +354,7 @@ def check(steps: Sequence[StepUse], policy: Policy, *, folder: str | None = None
                         hint='make it a sandboxed program task: sandbox="bwrap" with '
                         "inputs/outputs/writable listing its paths"))
                     continue
-                filled = _fill(template, step)
+                filled = fill_need(template, step)
                 if isinstance(filled, str):
                     problems.append(_unchecked(step, template, filled, "path"))
                     continue
@@ -382,7 +382,7 @@ def check(steps: Sequence[StepUse], policy: Policy, *, folder: str | None = None
                         hint="use a task without network access"
                         + (", or one that declares only these hosts" if hosts else "")))
                     continue
-                filled = _fill(want, step)
+                filled = fill_need(want, step)
                 if isinstance(filled, str):
                     problems.append(_unchecked(step, want, filled, "host"))
                     continue
@@ -395,7 +395,7 @@ def check(steps: Sequence[StepUse], policy: Policy, *, folder: str | None = None
                             hint="allowed hosts: " + (", ".join(hosts) or "none")))
         if policy.max_budget_usd is not None:
             for template in need["budget_usd"]:
-                filled = _fill(template, step)
+                filled = fill_need(template, step)
                 if isinstance(filled, str):
                     problems.append(_unchecked(step, template, filled, "budget"))
                     continue

@@ -51,7 +51,7 @@ from .catalogue import NO_DEFAULT, TaskInfo, Unresolved, describe, resolve
 from .errors import CycleError, DefinitionError, InputError
 from .graph import Graph, Node
 from .pipeline import Pipeline
-from .policy import Policy, StepUse
+from .policy import Policy, StepUse, declared, fill_need
 from .policy import check as check_policy
 from .problems import NOTE, Problem, step_path
 from .spectypes import describe as type_text
@@ -188,18 +188,62 @@ def check(doc: object, *, folder: str | None = None, policy: Policy | None = Non
                 path=step_path(key), code="approval.required", severity=NOTE,
                 message=f"step {key!r} waits for a person's approval{who}{each} before it runs",
                 hint=f"decide it when asked: pipeline approve RUN_ID {key} --digest ..."))
+    uses = [StepUse(key=k, ref=s.info.ref, task=s.info.task,
+                    args={**{p.name: p.default for p in s.info.params
+                             if p.default is not NO_DEFAULT},
+                          **_fitting(s)},     # a mistyped value is reported once, above
+                    fed={**dict(s.inputs),
+                         **({s.info.first.name: s.map} if s.map and s.info.first else {})},
+                    is_map=s.map is not None)
+            for k, s in rep.steps.items()]
+    if rep.order:
+        _check_races(rep, uses, policy, cwd)
     if policy is not None:
-        uses = [StepUse(key=k, ref=s.info.ref, task=s.info.task,
-                        args={**{p.name: p.default for p in s.info.params
-                                 if p.default is not NO_DEFAULT},
-                              **_fitting(s)},     # a mistyped value is reported once, above
-                        fed={**dict(s.inputs),
-                             **({s.info.first.name: s.map} if s.map and s.info.first else {})},
-                        is_map=s.map is not None)
-                for k, s in rep.steps.items()]
         rep.problems += check_policy(uses, policy, folder=folder, cwd=cwd)
     rep.problems.sort(key=lambda p: p.path)
     return rep
+
+
+def _check_races(rep: Report, uses: list[StepUse], policy: Policy | None,
+                 cwd: str | None) -> None:
+    """Steps that write a path another step reads or writes, with nothing ordering them."""
+    import os
+    base = cwd or os.getcwd()
+    touches: dict[str, list[tuple[str, str]]] = {}        # path -> [(step, "reads"|"writes")]
+    for use in uses:
+        need = declared(use, policy)
+        for kind in ("reads", "writes"):
+            for template in need[kind]:
+                filled = fill_need(template, use)
+                if isinstance(filled, str):
+                    continue                # known only at run time
+                for value in filled:
+                    if value in ("*", None):
+                        continue
+                    path = os.path.normpath(os.path.join(base, os.path.expanduser(str(value))))
+                    touches.setdefault(path, []).append((use.key, kind))
+    ancestors: dict[str, set[str]] = {}
+    for key in rep.order:                   # upstream before downstream
+        step = rep.steps.get(key)
+        ups = {u for u, _ in step.upstream} if step is not None else set()
+        ancestors[key] = set(ups).union(*(ancestors.get(u, set()) for u in ups))
+    seen: set[tuple[str, str, str]] = set()
+    for path, who in touches.items():
+        for w, wkind in who:
+            if wkind != "writes":
+                continue
+            for other, okind in who:
+                if other == w or (min(w, other), max(w, other), path) in seen:
+                    continue
+                if w in ancestors.get(other, set()) or other in ancestors.get(w, set()):
+                    continue
+                seen.add((min(w, other), max(w, other), path))
+                shown = os.path.relpath(path, base) if path.startswith(base) else path
+                verb = "reads" if okind == "reads" else "also writes"
+                rep.add(step_path(other), "graph.race",
+                        f"step {other!r} {verb} {shown!r}, which step {w!r} writes, but "
+                        "nothing orders the two steps", f'add after = ["{w}"] to step '
+                        f"{other!r} (or order them the other way)")
 
 
 def _fitting(s: Step) -> dict[str, Any]:

@@ -49,6 +49,14 @@ def save(value: int, path: str) -> str:
     return path
 
 
+@needs(reads=["{path}"])
+@task
+def show(path: str) -> str:
+    """Read a file back."""
+    with open(path) as fh:
+        return fh.read()
+
+
 @needs(tools=["shell"], network=True)
 @task
 def ask_agent(question: str) -> str:

@@ -164,7 +164,8 @@ def test_spec_schema_follows_the_signatures(project: Path, cli: Callable[..., Re
     jsonschema.Draft202012Validator.check_schema(schema)
     step = schema["properties"]["tasks"]["additionalProperties"]
     assert step["properties"]["task"]["enum"] == sorted(
-        f"steps.py:{n}" for n in ("load", "double", "total", "save", "ask_agent", "publish"))
+        f"steps.py:{n}" for n in ("load", "double", "total", "save", "show", "ask_agent",
+                                  "publish"))
     save = schema["$defs"]["steps.py:save"]["properties"]["args"]
     assert save["properties"]["value"]["type"] == "integer"
     assert save["properties"]["path"]["type"] == "string"
@@ -192,3 +193,17 @@ def test_pipeline_run_of_a_broken_spec_still_exits_2(project: Path,
     assert res.exit_code == 2
     assert "tasks.a.args.rows" in res.output and "Hint:" in res.output
     assert not (project / "ledger.duckdb").exists()
+
+
+def test_a_step_reading_what_another_writes_must_come_after_it(
+        project: Path, cli: Callable[..., Result]) -> None:
+    spec = json.loads(json.dumps(GOOD))
+    spec["tasks"]["show"] = {"task": "steps.py:show", "args": {"path": "out/total.txt"}}
+    res = cli("validate", write(project, spec), "--json", store=False)
+    assert res.exit_code == 2
+    found = json.loads(res.stdout)["problems"]
+    assert [(p["path"], p["code"]) for p in found] == [("tasks.show", "graph.race")]
+    assert "'out/total.txt', which step 'save' writes" in found[0]["message"]
+    assert found[0]["hint"].startswith('add after = ["save"]')
+    spec["tasks"]["show"]["after"] = ["save"]
+    assert cli("validate", write(project, spec, "ordered.json"), store=False).exit_code == 0
