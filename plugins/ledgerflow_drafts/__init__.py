@@ -46,7 +46,7 @@ def draft(request: str, *, tasks: Sequence[str], output: str, model: str = "mock
           max_tokens: int | None = None, progress: Any = None) -> Run:
     """Draft a spec for ``request`` over the tasks in ``tasks``; write it to ``output``.
 
-    Runs the ``draft`` pipeline (inline) and returns its :class:`~ledgerflow.Run`;
+    Runs the ``drafting`` pipeline (inline) and returns its :class:`~ledgerflow.Run`;
     ``run.result()`` is ``{"path", "digest", "valid", "problems", "rounds", ...}``.
     """
     from ledgerflow.launch import start

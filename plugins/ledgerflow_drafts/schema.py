@@ -25,8 +25,10 @@ from ledgerflow.catalogue import Catalogue, TaskInfo
 from ledgerflow.spectypes import describe as describe_type
 from ledgerflow.spectypes import element_type, type_fits
 
-#: Longest literal string the model may write (keeps a small model from rambling).
+#: Longest literal string, and most list items, the model may write (a small model
+#: otherwise repeats itself until it runs out of tokens).
 MAX_STRING: Final = 160
+MAX_ITEMS: Final = 16
 
 
 def _bounded(schema: dict[str, Any]) -> dict[str, Any]:
@@ -34,6 +36,8 @@ def _bounded(schema: dict[str, Any]) -> dict[str, Any]:
     out = dict(schema)
     if out.get("type") == "string" and "enum" not in out:
         out["maxLength"] = MAX_STRING
+    if out.get("type") == "array":
+        out.setdefault("maxItems", MAX_ITEMS)
     for key in ("items", "additionalProperties"):
         if isinstance(out.get(key), dict):
             out[key] = _bounded(out[key])
@@ -80,9 +84,12 @@ def step_entry(info: TaskInfo, name: str, feeds: dict[str, tuple[list[str], list
     first = info.first
     args_props: dict[str, Any] = {p.name: _bounded(p.schema) for p in info.params
                                   if p.schema is not None}
-    inputs_props = {p: {"type": "string", "enum": whole}
-                    for p, (whole, _over) in feeds.items() if whole}
     over = feeds.get(first.name, ([], []))[1] if first is not None else []
+    # a first parameter that takes a fan-out's items comes from map, not inputs as well
+    inputs_props = {p: {"type": "string", "enum": whole}
+                    for p, (whole, _over) in feeds.items()
+                    if whole and not (over and first is not None and p == first.name
+                                      and first.required)}
     req_args, req_inputs, req_map = [], [], False
     for p in info.params:
         if not p.required:
@@ -112,7 +119,8 @@ def step_entry(info: TaskInfo, name: str, feeds: dict[str, tuple[list[str], list
             required.append("args")
     others = [n for n in names if n != name]
     if others:
-        props["after"] = {"type": "array", "items": {"type": "string", "enum": others}}
+        props["after"] = {"type": "array", "items": {"type": "string", "enum": others},
+                          "maxItems": min(len(others), 3)}
     out: dict[str, Any] = {"type": "object", "properties": props}
     if required:
         out["required"] = required

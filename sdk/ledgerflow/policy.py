@@ -37,7 +37,7 @@ from __future__ import annotations
 import fnmatch
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -283,12 +283,11 @@ def fill_need(template: Any, step: StepUse) -> list[Any] | str:
         values[n] = step.args[n]
     lists = [n for n, v in values.items() if isinstance(v, (list, tuple))]
     if not lists:
-        return [template.format(**{k: str(v) for k, v in values.items()})]
-    out = []
-    for item in values[lists[0]]:
-        out.append(template.format(**{k: str(item if k == lists[0] else v)
-                                      for k, v in values.items()}))
-    return out
+        out = [template.format(**{k: str(v) for k, v in values.items()})]
+    else:
+        out = [template.format(**{k: str(item if k == lists[0] else v)
+                                  for k, v in values.items()}) for item in values[lists[0]]]
+    return [v for v in out if v != ""]     # an empty argument declares nothing (no key)
 
 
 def check(steps: Sequence[StepUse], policy: Policy, *, folder: str | None = None,
@@ -303,6 +302,7 @@ def check(steps: Sequence[StepUse], policy: Policy, *, folder: str | None = None
     """
     problems: list[Problem] = []
     base = cwd or os.getcwd()
+    policy = replace(policy, path=_rel(policy.path))
     budget_total = 0.0
     for step in steps:
         at = step_path(step.key)
@@ -365,7 +365,8 @@ def check(steps: Sequence[StepUse], policy: Policy, *, folder: str | None = None
                             path=_where(step, template), code=code,
                             message=f"step {step.key!r} would {verb} {str(value)!r}, outside "
                             f"what policy {policy.path} allows to {verb}",
-                            hint=f"{verb} under: " + (", ".join(allowed) or "nothing")))
+                            hint=f"{verb} under: " + (", ".join(map(_rel, allowed))
+                                                       or "nothing")))
         if policy.network is not None:
             for want in need["network"]:
                 if want is False:
@@ -423,6 +424,12 @@ def check(steps: Sequence[StepUse], policy: Policy, *, folder: str | None = None
             f"${policy.max_budget_usd:g} policy {policy.path} allows",
             hint="lower the steps' budgets or use fewer model steps"))
     return problems
+
+
+def _rel(path: str) -> str:
+    """``path`` relative to the working directory when it is inside it (for messages)."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel + ("/" if path.endswith("/") else "")
 
 
 def _where(step: StepUse, template: Any) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from ledgerflow import task
 from ledgerflow.policy import needs
+from ledgerflow.program import program
 
 
 @task
@@ -62,6 +63,16 @@ def show(path: str) -> str:
 def ask_agent(question: str) -> str:
     """An agent that may run shell commands."""
     return "42"
+
+
+@needs(models=["{model}"], keys=["{key}"], budget_usd="{budget}")
+@task
+def summarize(text: str, model: str = "local", key: str = "", budget: float = 0.1) -> str:
+    """An agent step: a model, a key alias and a budget, from its arguments."""
+    return text[:10]
+
+
+echo = program("echo", ["echo", "{text}"])
 
 
 @task(approve=True)

@@ -165,7 +165,7 @@ def test_spec_schema_follows_the_signatures(project: Path, cli: Callable[..., Re
     step = schema["properties"]["tasks"]["additionalProperties"]
     assert step["properties"]["task"]["enum"] == sorted(
         f"steps.py:{n}" for n in ("load", "double", "total", "save", "show", "ask_agent",
-                                  "publish"))
+                                  "summarize", "publish"))
     save = schema["$defs"]["steps.py:save"]["properties"]["args"]
     assert save["properties"]["value"]["type"] == "integer"
     assert save["properties"]["path"]["type"] == "string"
@@ -207,3 +207,28 @@ def test_a_step_reading_what_another_writes_must_come_after_it(
     assert found[0]["hint"].startswith('add after = ["save"]')
     spec["tasks"]["show"]["after"] = ["save"]
     assert cli("validate", write(project, spec, "ordered.json"), store=False).exit_code == 0
+
+
+def test_models_keys_budgets_and_programs_against_a_policy(project: Path,
+                                                          cli: Callable[..., Result]) -> None:
+    (project / "P.toml").write_text('models = ["local"]\nkeys = ["OPENAI_API_KEY"]\n'
+                                    'max_budget_usd = 0.5\nprograms = ["pdftotext"]\n'
+                                    '[paths]\nwrite = ["out/"]\n')
+    spec = {"tasks": {
+        "a": {"task": "steps.py:summarize", "args": {"text": "x", "budget": 0.3}},
+        "b": {"task": "steps.py:summarize", "args": {"text": "y", "model": "openai:gpt-4o",
+                                                     "key": "MY_KEY", "budget": 0.3}},
+        "c": {"task": "steps.py:echo", "args": {"text": "hi"}}}}
+    res = cli("validate", write(project, spec), "--json", "--policy", "P.toml", store=False)
+    assert res.exit_code == 2
+    assert problems(res) == {
+        ("tasks.b.args.model", "policy.model"),       # openai is not an allowed provider
+        ("tasks.b.args.key", "policy.key"),           # nor MY_KEY an allowed key alias
+        ("tasks", "policy.budget"),                   # 0.3 + 0.3 > 0.5
+        ("tasks.c", "policy.program"),                # echo is not pdftotext
+        ("tasks.c", "policy.write"),                  # an unsandboxed program may write anywhere
+    }
+    # programs are tasks of the catalogue too: their placeholders are their parameters
+    res = cli("validate", write(project, {"tasks": {"c": {"task": "steps.py:echo"}}}, "e.json"),
+              "--json", store=False)
+    assert problems(res) == {("tasks.c.args.text", "arg.missing")}
