@@ -224,7 +224,7 @@ def draft_spec(request: str, tasks: list[str], base: str, model: str = "mock",
                          "hint": f"call {TOOL}"}]
         else:
             doc = draft_file.normalise(complete_spec(found, cat, name))
-            report = check(doc, folder=base, policy=pol, cwd=os.getcwd())
+            report = check(doc, folder=base, policy=pol, cwd=os.getcwd(), only=cat.tasks)
             problems = [p.as_dict() for p in report.problems]
             unused = coverage(request, doc)
             best = {"spec": doc, "problems": problems, "unused": unused, "report": report}

@@ -131,7 +131,7 @@ def _near(word: str, options: list[str]) -> str:
 
 
 def check(doc: object, *, folder: str | None = None, policy: Policy | None = None,
-          cwd: str | None = None) -> Report:
+          cwd: str | None = None, only: Mapping[str, TaskInfo] | None = None) -> Report:
     """Check a spec document (the parsed JSON/TOML); report every problem with its path.
 
     Args:
@@ -139,6 +139,8 @@ def check(doc: object, *, folder: str | None = None, policy: Policy | None = Non
         folder: the spec's folder (relative ``file.py:task`` references start there).
         policy: also report what this policy does not allow.
         cwd: the folder relative paths in arguments are taken from, for the policy.
+        only: the tasks steps may name, by reference (a draft's catalogue): any other
+            reference is unknown, and nothing is imported to find out.
 
     Example:
         >>> r = check({"tasks": {"a": {"task": "nowhere:x"}}})
@@ -173,7 +175,7 @@ def check(doc: object, *, folder: str | None = None, policy: Policy | None = Non
             continue
         raw[key] = entry
     for key, entry in raw.items():
-        step = _check_step(rep, key, entry, raw, folder)
+        step = _check_step(rep, key, entry, raw, folder, only)
         if step is not None:
             rep.steps[key] = step
     _check_names(rep)
@@ -257,7 +259,8 @@ def _fitting(s: Step) -> dict[str, Any]:
 
 
 def _check_step(rep: Report, key: str, entry: Mapping[str, Any],
-                raw: Mapping[str, Mapping[str, Any]], folder: str | None) -> Step | None:
+                raw: Mapping[str, Mapping[str, Any]], folder: str | None,
+                only: Mapping[str, TaskInfo] | None = None) -> Step | None:
     """Check one step's own fields; return it when its task was found."""
     for f in entry:
         if f not in STEP_FIELDS:
@@ -269,6 +272,12 @@ def _check_step(rep: Report, key: str, entry: Mapping[str, Any],
     if not isinstance(ref, str) or not ref:
         rep.add(step_path(key, "task"), "task.missing", f"step {key!r} needs a 'task' import path",
                 'task = "module:function"')
+    elif only is not None and ref not in only:
+        rep.add(step_path(key, "task"), "task.unknown",
+                f"step {key!r}: {ref!r} is not one of the tasks this draft may use",
+                _near(ref, list(only)) + "use one of: " + ", ".join(sorted(only)))
+    elif only is not None:
+        info = only[ref]
     else:
         found = resolve(ref, folder)
         if isinstance(found, Unresolved):

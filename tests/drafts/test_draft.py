@@ -230,3 +230,16 @@ def test_a_resume_of_an_edited_draft_is_refused(project: Path,
     assert cli("approve-draft", "draft.toml", "--digest", new[:12]).exit_code == 0
     assert cli("resume", run_id).exit_code == 0
     assert (project / "out" / "t.txt").read_text() == "110"
+
+
+def test_a_draft_naming_a_task_outside_the_catalogue_imports_nothing(
+        project: Path, cli: Callable[..., Result]) -> None:
+    (project / "side_effect.py").write_text(
+        "open('imported.txt', 'w').write('x')\nfrom ledgerflow import task\n"
+        "@task\ndef x() -> int:\n    return 1\n")
+    spec = variant(extra={"task": "side_effect.py:x"})
+    res = draft(cli, turn(spec))
+    assert res.exit_code == 2
+    assert "tasks.extra.task  [task.unknown]" in res.stdout
+    assert "not one of the tasks this draft may use" in res.stdout
+    assert not (project / "imported.txt").exists()
