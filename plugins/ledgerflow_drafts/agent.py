@@ -288,4 +288,4 @@ def _drafting(request: str, tasks: list[str], output: str, base: str = ".",
 
 
 #: The drafting pipeline (``pipeline draft`` runs it; its target is this module).
-drafting: Pipeline[..., dict[str, Any]] = Pipeline(_drafting, "drafting")
+drafting: Pipeline[..., dict[str, Any]] = Pipeline(_drafting, draft_file.DRAFTING)

@@ -60,6 +60,13 @@ def overlay(view: RunView, approvals: list[dict[str, Any]]) -> RunView:
 def _request(st: RunStore, run_id: str, task_key: str) -> dict[str, Any]:
     view = st.get_run(run_id)
     if task_key not in view.tasks:
+        from .drafts import DRAFTING
+
+        if view.pipeline == DRAFTING:
+            raise InputError(f"run {run_id} drafted a spec; a draft is approved by its "
+                             "file, not as a task of the drafting run",
+                             hint="review it (pipeline validate FILE --plan), then: "
+                             "pipeline approve-draft FILE --digest PREFIX")
         raise InputError(f"run {run_id} has no task {task_key!r}",
                          hint=f"list what waits with: pipeline approvals {run_id}")
     waiting = [r for r in pending(st, run_id) if r["task_key"] == task_key]

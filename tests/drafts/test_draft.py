@@ -92,6 +92,9 @@ def test_a_valid_draft_runs_only_once_its_digest_is_approved(project: Path,
     # a wrong or short digest does not approve it
     assert cli("approve-draft", "draft.toml", "--digest", "0123456789ab").exit_code == 2
     assert cli("approve-draft", "draft.toml", "--digest", digest[:4]).exit_code == 2
+    # the drafting run's gates are not how a draft is approved: the error says what is
+    res = cli("approve", header.run, drafts.DRAFT_REQUEST, "--digest", digest[:12])
+    assert res.exit_code == 2 and "pipeline approve-draft FILE" in res.output
     res = cli("approve-draft", "draft.toml", "--digest", digest[:12], "--as", "ana",
               "--reason", "checked the path")
     assert res.exit_code == 0, res.output
