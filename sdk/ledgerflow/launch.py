@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Union
 
 from ._gc import quiet_gc
-from .config import Settings
+from .config import Settings, store_kind_for
 from .errors import (
     InputError,
     NotResumableError,
@@ -102,6 +102,8 @@ def settings_for(store: StoreArg = None, executor: object = None,
     if isinstance(store, str):
         if store == ":memory:" or store.startswith("memory:"):
             kw["store_kind"] = "memory"
+        elif store_kind_for(store) is not None:     # postgresql://... names its plugin
+            kw["store_kind"] = store_kind_for(store)
         kw["store"] = store
     elif store is not None:
         kw["store"], kw["store_kind"] = store.location, store.name

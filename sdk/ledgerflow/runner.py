@@ -35,7 +35,7 @@ from typing import Any
 
 from ._gc import quiet_gc
 from .config import Settings
-from .errors import InvalidTransitionError, PipelineError
+from .errors import InvalidTransitionError, LeaseLostError, PipelineError
 from .executor import Completion, Executor, Job, execute, inline_when_alone, runs_in_driver
 from .graph import Graph
 from .keys import fingerprint_base, finish_fingerprint
@@ -143,6 +143,9 @@ class Runner:
         self.in_driver = runs_in_driver(executor)
         self.workers = 1 if self.in_driver else settings.workers
         self.inline_when_alone = inline_when_alone(executor)
+        #: the store's optional lease-loss probe (see :meth:`_check_lease`)
+        self.lease_probe: Callable[[Lease], str | None] | None = getattr(
+            store, "lease_lost", None)
 
     # -- the run's own records ----------------------------------------------------------
     def create(self, *, pipeline: str, target: str | None, params: dict[str, Any],
@@ -344,6 +347,7 @@ class Runner:
         now = time.monotonic()
         if now >= self.next_poll:
             self.next_poll = now + 0.1
+            self._check_lease()
             if not self.cancelling and self._cancel_seen():
                 self._start_cancel("cancel requested")
 
@@ -468,6 +472,7 @@ class Runner:
         if self.in_driver or (alone and self.inline_when_alone and job.timeout is None
                               and self.inflight == 1 and not self.ready):
             c = execute(job, self._cancel_seen)
+            self._check_lease()
             if not self.cancelling and self._cancel_seen():
                 self._start_cancel("cancel requested")   # running -> cancelling first
             self._on_complete(c)
@@ -482,7 +487,26 @@ class Runner:
                                          started_at=now, ended_at=now, has_value=False))
 
     def _cancel_seen(self) -> bool:
+        if self.lease_probe is not None and self.lease is not None \
+                and self.lease_probe(self.lease) is not None:
+            return True     # a driver that lost its lease stops its work
         return self.cancel_event.is_set() or self.store.cancel_requested(self.run_id)
+
+    def _check_lease(self) -> None:
+        """Raise LeaseLostError once the store says this driver lost its lease.
+
+        A store may offer ``lease_lost(lease) -> str | None`` (a cheap, local
+        check: the reason, or None while the lease holds); the runner polls it
+        with its cancel check, so a fenced driver stops dispatching and its
+        in-flight work is cancelled (``executor.shutdown``) without waiting
+        for its next commit to be refused.
+        """
+        if self.lease_probe is not None and self.lease is not None:
+            reason = self.lease_probe(self.lease)
+            if reason is not None:
+                raise LeaseLostError(f"lease lost: {reason}",
+                                     hint=f"the run is driven elsewhere or resumable: "
+                                     f"pipeline status {self.run_id}")
 
     def _timer(self, when: float, kind: str, payload: Any) -> None:
         self.next_timer += 1
