@@ -1,0 +1,144 @@
+"""The ledger's tables in PostgreSQL: DDL, ordered migrations, and the schema check.
+
+The tables and the ``lineage`` view have the names and columns of the
+DuckDB store's (``runs``, ``tasks``, ``events``, ``attempts``, ``results``,
+``artifacts``, ``notices``, ``logs``), so users' SQL works on either. Added
+here: ``id`` identity columns giving the append-only tables their order
+(DuckDB's ``rowid``), ``tasks.ord`` (creation order), ``leases`` (who
+drives a run, until when, on the server's clock), ``commits`` (one row per
+group commit, keyed by run, token and sequence: what makes a retried commit
+a no-op) and ``signals`` (cancel requests; approval decisions later). There
+is no ``journal_damage``: this store keeps no journals.
+
+Each migration runs in one transaction under an advisory lock, so two
+processes opening a new database at once do not both create it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ledgerflow.errors import NotALedgerError, SchemaVersionError
+
+SCHEMA_VERSION = 1
+
+#: Any 64-bit number: the advisory lock of migrations.
+_MIGRATION_LOCK = 0x6C6564676572  # "ledger"
+
+_APPEND = "id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
+
+MIGRATIONS: list[tuple[int, list[str]]] = [
+    (1, [
+        "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT)",
+        """CREATE TABLE runs(run_id TEXT PRIMARY KEY, pipeline TEXT, target TEXT,
+            params TEXT, options TEXT, state TEXT, reason TEXT,
+            created_at DOUBLE PRECISION, ended_at DOUBLE PRECISION, token INTEGER,
+            driver_pid INTEGER, driver_host TEXT, max_seq BIGINT)""",
+        "CREATE INDEX runs_created ON runs(created_at DESC)",
+        """CREATE TABLE tasks(run_id TEXT NOT NULL, task_key TEXT NOT NULL, task_name TEXT,
+            node TEXT, item_key TEXT, "position" INTEGER, upstream TEXT[],
+            code_version TEXT, state TEXT, attempts INTEGER, budget_base INTEGER,
+            started_at DOUBLE PRECISION, ended_at DOUBLE PRECISION, error TEXT,
+            fingerprint TEXT, result_hash TEXT, result_kind TEXT, result_data TEXT,
+            result_uri TEXT, result_size BIGINT, cached_from TEXT, result_attempt INTEGER,
+            ord BIGINT, PRIMARY KEY (run_id, task_key))""",
+        "CREATE INDEX tasks_cache ON tasks(task_name, fingerprint) "
+        "WHERE state = 'succeeded' AND fingerprint IS NOT NULL",
+        f"""CREATE TABLE events({_APPEND}, run_id TEXT NOT NULL, seq BIGINT, task_key TEXT,
+            attempt INTEGER, from_state TEXT, to_state TEXT, reason TEXT,
+            ts DOUBLE PRECISION, token INTEGER)""",
+        "CREATE INDEX events_run ON events(run_id, seq)",
+        f"""CREATE TABLE attempts({_APPEND}, run_id TEXT NOT NULL, task_key TEXT,
+            attempt INTEGER, outcome TEXT, started_at DOUBLE PRECISION,
+            ended_at DOUBLE PRECISION, error_type TEXT, error_message TEXT, traceback TEXT,
+            token INTEGER)""",
+        "CREATE INDEX attempts_run ON attempts(run_id, id)",
+        f"""CREATE TABLE results({_APPEND}, run_id TEXT NOT NULL, task_key TEXT,
+            attempt INTEGER, fingerprint TEXT, content_hash TEXT, kind TEXT, data TEXT,
+            uri TEXT, size BIGINT, cached_from TEXT)""",
+        "CREATE INDEX results_run ON results(run_id, task_key)",
+        f"""CREATE TABLE artifacts({_APPEND}, run_id TEXT NOT NULL, task_key TEXT,
+            attempt INTEGER, direction TEXT, uri TEXT, content_hash TEXT, attrs TEXT)""",
+        "CREATE INDEX artifacts_run ON artifacts(run_id, id)",
+        f"""CREATE TABLE notices({_APPEND}, run_id TEXT NOT NULL, task_key TEXT,
+            attempt INTEGER, kind TEXT, message TEXT, ts DOUBLE PRECISION)""",
+        "CREATE INDEX notices_run ON notices(run_id, id)",
+        f"""CREATE TABLE logs({_APPEND}, run_id TEXT NOT NULL, task_key TEXT,
+            attempt INTEGER, stream TEXT, text TEXT, dropped BIGINT, token INTEGER)""",
+        "CREATE INDEX logs_run ON logs(run_id, task_key, attempt)",
+        # who drives a run: the token fences older drivers; times are the server's
+        """CREATE TABLE leases(run_id TEXT PRIMARY KEY, token INTEGER NOT NULL,
+            pid INTEGER, host TEXT, pid_start TEXT,
+            acquired_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            renewed_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            expires_at TIMESTAMPTZ NOT NULL)""",
+        # one row per group commit: (run, token, seq) makes a retried commit a no-op
+        """CREATE TABLE commits(run_id TEXT NOT NULL, token INTEGER NOT NULL,
+            seq BIGINT NOT NULL, records INTEGER NOT NULL,
+            at TIMESTAMPTZ NOT NULL DEFAULT now(), PRIMARY KEY (run_id, token, seq))""",
+        # requests to a run's driver from any process: kind 'cancel' now; approval
+        # decisions (issue 15) go here as kind 'approve' / 'reject' with task_key, payload
+        f"""CREATE TABLE signals({_APPEND}, run_id TEXT NOT NULL, kind TEXT NOT NULL,
+            task_key TEXT, payload TEXT, token INTEGER,
+            at TIMESTAMPTZ NOT NULL DEFAULT now())""",
+        "CREATE INDEX signals_run ON signals(run_id, kind)",
+        """CREATE VIEW lineage AS
+            SELECT t.run_id, t.task_key, t.result_attempt AS attempt, 'input' AS direction,
+                   'task:' || ut.task_key AS uri, ut.result_hash AS content_hash,
+                   t.code_version, NULL::TEXT AS attrs
+            FROM tasks t CROSS JOIN LATERAL unnest(t.upstream) AS u(up)
+            JOIN tasks ut ON ut.run_id = t.run_id AND (ut.task_key = u.up
+                 OR (ut.node = u.up AND ut."position" IS NOT NULL))
+            UNION ALL
+            SELECT run_id, task_key, result_attempt, 'output', 'task:' || task_key,
+                   result_hash, code_version, NULL FROM tasks WHERE state = 'succeeded'
+            UNION ALL
+            SELECT a.run_id, a.task_key, a.attempt, a.direction, a.uri, a.content_hash,
+                   t.code_version, a.attrs
+            FROM artifacts a LEFT JOIN tasks t USING (run_id, task_key)""",
+    ]),
+]
+
+
+def check(con: Any, location: str) -> int:
+    """Return the schema version of the database (0: no ledger tables yet).
+
+    Raises:
+        NotALedgerError: a ``runs`` table that is not ledgerflow's (no ``meta``).
+        SchemaVersionError: written by a newer ledgerflow.
+    """
+    row = con.execute("SELECT to_regclass('meta') IS NOT NULL, "
+                      "to_regclass('runs') IS NOT NULL").fetchone()
+    has_meta, has_runs = row
+    if not has_meta:
+        if has_runs:
+            raise NotALedgerError(f"{location} has a 'runs' table but is not a ledgerflow "
+                                  "ledger (no meta table)",
+                                  hint="use another database, or set search_path with "
+                                  "?options=-csearch_path%3Dledgerflow in the URL")
+        return 0
+    got = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    version = int(got[0]) if got else 0
+    if version > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"ledger {location} has schema version {version}; this ledgerflow "
+            f"reads up to {SCHEMA_VERSION}")
+    return version
+
+
+def migrate(con: Any, location: str) -> int:
+    """Bring the database on ``con`` (autocommit) to :data:`SCHEMA_VERSION`."""
+    if check(con, location) == SCHEMA_VERSION:
+        return SCHEMA_VERSION
+    with con.transaction():
+        con.execute("SELECT pg_advisory_xact_lock(%s)", [_MIGRATION_LOCK])
+        version = check(con, location)      # another process may have done it meanwhile
+        for target, statements in MIGRATIONS:
+            if target <= version:
+                continue
+            for sql in statements:
+                con.execute(sql)
+            con.execute("INSERT INTO meta VALUES ('schema_version', %s) ON CONFLICT (key) "
+                        "DO UPDATE SET value = EXCLUDED.value", [str(target)])
+            version = target
+    return version

@@ -1,0 +1,488 @@
+"""The ``postgres`` store: one ledger in a PostgreSQL database shared by many machines.
+
+Writing. The driver keeps the current state of the runs it drives in memory
+(a :class:`~ledgerflow.views.RunView` per leased run, loaded at creation or
+takeover). A group commit applies :func:`ledgerflow.projection.apply` to
+copies of the rows it touches and sends one statement (:mod:`.sql`) that, in
+one transaction, checks the lease token, inserts the commit's
+``(run, token, seq)`` row, appends the records and upserts the touched
+``tasks`` rows and the ``runs`` row. So the tables always equal the
+projection of the records, a stale driver writes nothing, and a commit sent
+again after a lost connection (whose outcome the client cannot know) is a
+no-op: before sending it again the store checks whether it landed.
+
+Waiting. Every operation waits for a database that went away
+(:meth:`.connection.Database.retrying`, ``LEDGERFLOW_STORE_WAIT`` seconds,
+20 by default) and then raises ``StoreUnavailableError``; a run interrupted
+so is finished by ``pipeline resume``. Leases (:mod:`.lease`) expire on the
+server's clock after ``LEDGERFLOW_LEASE_TTL`` seconds (30) and are renewed
+every third of that; a driver that cannot renew in time stops itself.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import threading
+import time
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ledgerflow.errors import LeaseLostError, NotResumableError, RunNotFoundError, StoreError
+from ledgerflow.projection import apply
+from ledgerflow.records import (
+    ArtifactRecorded,
+    AttemptEnded,
+    LogRecorded,
+    Notice,
+    Record,
+    ResultRecorded,
+    TaskCreated,
+    Transition,
+)
+from ledgerflow.results import Encoded
+from ledgerflow.states import RUN_ACTIVE
+from ledgerflow.store import CacheHit, Lease
+from ledgerflow.views import RunView, TaskRow, attempt_dict, lineage_rows, log_dict, notice_dict
+
+from . import queries, schema
+from .blobs import Blobs, default_root
+from .connection import DEFAULT_WAIT, Database, is_connection_error
+from .lease import DEFAULT_TTL, RUNS_CHANNEL, SIGNALS_CHANNEL, Keeper, holder, holder_gone
+from .sql import RUN_FIELDS, commit_params, run_tuple
+
+R = TypeVar("R", bound=Record)
+_ACTIVE = tuple(s.value for s in RUN_ACTIVE)
+_ROW_KINDS = (Transition, TaskCreated, AttemptEnded, ResultRecorded)
+
+
+@dataclass(slots=True)
+class Mirror:
+    """The current state of a run this store drives, as committed."""
+
+    token: int
+    view: RunView
+    seq: int = 0          # the last group commit's sequence number under ``token``
+    next_ord: int = 0     # creation order of the next new task
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise StoreError(f"{name} must be a number of seconds, given: {raw!r}",
+                         hint=f"set {name}=30 or unset it") from None
+    if value <= 0:
+        raise StoreError(f"{name} must be positive, given: {raw!r}",
+                         hint=f"set {name}=30 or unset it")
+    return value
+
+
+class PostgresStore:
+    """The ledger in a PostgreSQL database (see the module docstring).
+
+    Args:
+        url: a libpq URL (``postgresql://user@host:5432/db``); give the password
+            through ``PGPASSWORD`` or ``~/.pgpass``, not in the URL.
+        lease_ttl: seconds a lease lives unrenewed (default ``LEDGERFLOW_LEASE_TTL`` or 30).
+        wait: seconds to wait for a database that went away (``LEDGERFLOW_STORE_WAIT``, 20).
+        blob_dir: where large results go (``LEDGERFLOW_BLOB_DIR``; see :mod:`.blobs`).
+    """
+
+    name = "postgres"
+
+    def __init__(self, url: str, *, lease_ttl: float | None = None, wait: float | None = None,
+                 blob_dir: str | Path | None = None) -> None:
+        self.location = url
+        self.ttl = lease_ttl if lease_ttl is not None else _env_float(
+            "LEDGERFLOW_LEASE_TTL", DEFAULT_TTL)
+        self.db = Database(url, wait=wait if wait is not None else _env_float(
+            "LEDGERFLOW_STORE_WAIT", DEFAULT_WAIT))
+        self.blobs = Blobs(Path(blob_dir).expanduser().resolve() if blob_dir is not None
+                           else default_root())
+        self.keeper = Keeper(self.db, self.ttl)
+        self._wlock = threading.RLock()
+        self._wconn: Any = None
+        self._pool: Any = None
+        self._pool_lock = threading.Lock()
+        self._migrated = False
+        self._mirrors: dict[str, Mirror] = {}
+        self._claimed: dict[str, Lease] = {}
+
+    # -- connections ----------------------------------------------------------------------
+    def _prepare(self, con: Any) -> None:
+        if not self._migrated:
+            schema.migrate(con, self.db.shown)
+            self._migrated = True
+
+    def _writer(self) -> Any:
+        if self._wconn is None or self._wconn.closed:
+            self._wconn = self.db.connect()
+            self._prepare(self._wconn)
+        return self._wconn
+
+    def _reset_writer(self) -> None:
+        conn, self._wconn = self._wconn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # a broken connection may fail to close; it is gone anyway
+                pass
+
+    def _readers(self) -> Any:
+        with self._pool_lock:
+            if self._pool is None:
+                from psycopg_pool import ConnectionPool
+                self._pool = ConnectionPool(
+                    self.location, min_size=0, max_size=4, open=True,
+                    check=ConnectionPool.check_connection, name="ledgerflow-readers",
+                    kwargs={"autocommit": True, "application_name": "ledgerflow",
+                            "connect_timeout": max(1, int(min(self.db.wait, 5)))})
+            return self._pool
+
+    def _read(self, fn: Any, what: str) -> Any:
+        def attempt(retry: bool) -> Any:
+            with self._readers().connection(timeout=max(1.0, min(self.db.wait, 5.0))) as con:
+                self._prepare(con)
+                return fn(con)
+        return self.db.retrying(attempt, what=what)
+
+    # -- writing --------------------------------------------------------------------------
+    def create_run(self, run_id: str, records: Sequence[Record]) -> Lease:
+        pid, host, start = holder()
+        mirror = Mirror(1, RunView(run_id))
+        scratch, rows, run_changed, next_ord = self._project(mirror, records)
+        sql, params = commit_params(run_id, 1, 1, records, rows,
+                                    scratch if run_changed else None)
+        sent = [0.0]
+
+        def attempt(retry: bool) -> None:
+            con = self._writer()
+            if retry and con.execute("SELECT 1 FROM commits WHERE run_id = %s AND token = 1 "
+                                     "AND seq = 1", [run_id]).fetchone():
+                return      # the first try landed
+            sent[0] = time.monotonic()
+            with con.transaction():
+                made = con.execute(
+                    "INSERT INTO leases (run_id, token, pid, host, pid_start, expires_at) "
+                    "VALUES (%s, 1, %s, %s, %s, now() + make_interval(secs => %s)) "
+                    "ON CONFLICT DO NOTHING RETURNING 1",
+                    [run_id, pid, host, start, self.ttl]).fetchone()
+                if made is None:
+                    raise StoreError(f"run {run_id} already exists in {self.db.shown}",
+                                     hint="start it with a new run id")
+                con.execute(sql, params)
+
+        with self._wlock:
+            self.db.retrying(attempt, what=f"creating run {run_id}",
+                             reset=self._reset_writer)
+            self._commit_mirror(mirror, scratch, 1, next_ord)
+            self._mirrors[run_id] = mirror
+        self.keeper.hold(run_id, 1, sent[0] or time.monotonic())
+        return Lease(run_id, 1)
+
+    def take_over(self, run_id: str) -> Lease:
+        with self._wlock:
+            claimed = self._claimed.pop(run_id, None)
+            if claimed is not None:     # a worker's claim already took it
+                return claimed
+        pid, host, start = holder()
+        sent = [0.0]
+
+        def attempt(retry: bool) -> int:
+            con = self._writer()
+            with con.transaction():
+                row = con.execute(
+                    "SELECT token, pid, host, pid_start, expires_at <= now(), "
+                    "extract(epoch FROM expires_at - now()) FROM leases WHERE run_id = %s "
+                    "FOR UPDATE", [run_id]).fetchone()
+                if row is None:
+                    raise RunNotFoundError(f"no run {run_id!r} in {self.db.shown}")
+                token, lpid, lhost, lstart, expired, left = row
+                mine = (lpid, lhost, lstart) == (pid, host, start)
+                if retry and mine and run_id not in self.keeper.held:
+                    return int(token)   # the first try took it before the connection broke
+                if not expired and not holder_gone(lpid, lhost, lstart):
+                    raise NotResumableError(
+                        f"run {run_id} is still being driven by pid {lpid} on {lhost} "
+                        f"(its lease expires in {max(0.0, float(left)):.0f}s unless renewed)",
+                        hint=f"wait for it, or stop it first: pipeline cancel {run_id}")
+                sent[0] = time.monotonic()
+                con.execute(
+                    "UPDATE leases SET token = %s, pid = %s, host = %s, pid_start = %s, "
+                    "acquired_at = now(), renewed_at = now(), "
+                    "expires_at = now() + make_interval(secs => %s) WHERE run_id = %s",
+                    [token + 1, pid, host, start, self.ttl, run_id])
+                return int(token) + 1
+
+        with self._wlock:
+            token = self.db.retrying(attempt, what=f"taking over run {run_id}",
+                                     reset=self._reset_writer)
+            self.keeper.hold(run_id, token, sent[0] or time.monotonic())
+            self._adopt(run_id, token)
+        return Lease(run_id, token)
+
+    def _adopt(self, run_id: str, token: int) -> None:
+        """Load the committed state of a run this store now drives."""
+        def load(con: Any) -> Mirror:
+            got = queries.load_run(con, run_id)
+            if got is None:
+                raise RunNotFoundError(f"no run {run_id!r} in {self.db.shown}")
+            return Mirror(token, got[0], 0, queries.next_ord(con, run_id))
+        self._mirrors[run_id] = self._read(load, f"loading run {run_id}")
+
+    def claim(self, skip: Collection[str] = ()) -> Lease | None:
+        """Take the lease of the oldest run that waits for a driver (``pipeline worker``).
+
+        A run waits when it is ``submitted``, or ``running``/``cancelling`` with
+        an expired lease (its driver died). Rows other workers are claiming
+        are skipped (``FOR UPDATE SKIP LOCKED``). The lease is held (renewed)
+        from here on; :meth:`take_over` of that run returns it.
+        """
+        pid, host, start = holder()
+        sent = [0.0]
+
+        def attempt(retry: bool) -> tuple[str, int] | None:
+            con = self._writer()
+            sent[0] = time.monotonic()
+            row = con.execute(
+                "WITH cand AS (SELECT l.run_id FROM leases l JOIN runs r USING (run_id) "
+                "WHERE r.state = ANY(%(active)s) AND l.expires_at <= now() "
+                "AND NOT (l.run_id = ANY(%(skip)s)) ORDER BY r.created_at LIMIT 1 "
+                "FOR UPDATE OF l SKIP LOCKED) "
+                "UPDATE leases l SET token = l.token + 1, pid = %(pid)s, host = %(host)s, "
+                "pid_start = %(start)s, acquired_at = now(), renewed_at = now(), "
+                "expires_at = now() + make_interval(secs => %(ttl)s) FROM cand "
+                "WHERE l.run_id = cand.run_id RETURNING l.run_id, l.token",
+                {"active": list(_ACTIVE), "skip": list(skip), "pid": pid, "host": host,
+                 "start": start, "ttl": self.ttl}).fetchone()
+            return None if row is None else (row[0], int(row[1]))
+
+        with self._wlock:
+            got = self.db.retrying(attempt, what="claiming a run", reset=self._reset_writer)
+            if got is None:
+                return None
+            run_id, token = got
+            self.keeper.hold(run_id, token, sent[0])
+            self._adopt(run_id, token)
+            lease = Lease(run_id, token)
+            self._claimed[run_id] = lease
+        return lease
+
+    def _project(self, mirror: Mirror, records: Sequence[Record]
+                 ) -> tuple[RunView, list[tuple[TaskRow, int]], bool, int]:
+        """The rows ``records`` touch, after them (the mirror is not changed)."""
+        base = mirror.view
+        scratch = copy.copy(base)
+        scratch.tasks = {}
+        for rec in records:
+            if type(rec) in _ROW_KINDS:
+                key = rec.task_key  # type: ignore[attr-defined]
+                if key not in scratch.tasks:
+                    old = base.tasks.get(key)
+                    if old is not None:
+                        scratch.tasks[key] = copy.copy(old)
+        apply(scratch, records)
+        ord_ = mirror.next_ord
+        rows: list[tuple[TaskRow, int]] = []
+        for key, row in scratch.tasks.items():
+            if key in base.tasks:
+                rows.append((row, -1))      # the upsert keeps its creation order
+            else:
+                rows.append((row, ord_))
+                ord_ += 1
+        return scratch, rows, run_tuple(scratch) != run_tuple(base), ord_
+
+    @staticmethod
+    def _commit_mirror(mirror: Mirror, scratch: RunView, seq: int, next_ord: int) -> None:
+        mirror.view.tasks.update(scratch.tasks)
+        for f in RUN_FIELDS:
+            setattr(mirror.view, f, getattr(scratch, f))
+        mirror.seq = seq
+        mirror.next_ord = next_ord
+
+    def _lost(self, lease: Lease) -> LeaseLostError:
+        return LeaseLostError(
+            f"lease lost: {self.keeper.lost(lease.run_id, lease.token) or 'superseded'}",
+            hint=f"the run is driven elsewhere or resumable: pipeline status {lease.run_id}")
+
+    def append(self, lease: Lease, records: Sequence[Record]) -> None:
+        if not records:
+            return
+        run_id = lease.run_id
+        if self.keeper.lost(run_id, lease.token) is not None:
+            raise self._lost(lease)
+        with self._wlock:
+            mirror = self._mirrors.get(run_id)
+            if mirror is None or mirror.token != lease.token:
+                raise LeaseLostError(
+                    f"lease lost: run {run_id} token {lease.token} is not held here any more "
+                    "(taken over or released)",
+                    hint=f"watch it with: pipeline status {run_id}")
+            scratch, rows, run_changed, next_ord = self._project(mirror, records)
+            seq = mirror.seq + 1
+            sql, params = commit_params(run_id, lease.token, seq, records, rows,
+                                        scratch if run_changed else None)
+
+            def attempt(retry: bool) -> tuple[int, int]:
+                con = self._writer()
+                if retry and con.execute(
+                        "SELECT 1 FROM commits WHERE run_id = %s AND token = %s AND seq = %s",
+                        [run_id, lease.token, seq]).fetchone():
+                    return 1, 0         # it landed before the connection broke
+                row = con.execute(sql, params).fetchone()
+                return int(row[0]), int(row[1])
+
+            leased, _ = self.db.retrying(
+                attempt, what=f"committing to run {run_id}", reset=self._reset_writer,
+                fenced=lambda: self.keeper.lost(run_id, lease.token),
+                hint=f"start the database, then: pipeline resume {run_id}")
+            if not leased:
+                held = self.keeper.held.get(run_id)
+                if held is not None and held.token == lease.token and held.lost is None:
+                    held.lost = (f"run {run_id} was taken over by another driver; this "
+                                 f"driver's token {lease.token} is stale, so its commit was "
+                                 "refused and nothing was written")
+                raise self._lost(lease)
+            self._commit_mirror(mirror, scratch, seq, next_ord)
+
+    def lease_lost(self, lease: Lease) -> str | None:
+        """Why this process lost ``lease`` (None while it holds): the runner polls this."""
+        return self.keeper.lost(lease.run_id, lease.token)
+
+    def release(self, lease: Lease) -> None:
+        held = self.keeper.drop(lease.run_id)
+        with self._wlock:
+            mirror = self._mirrors.get(lease.run_id)
+            if mirror is not None and mirror.token == lease.token:
+                del self._mirrors[lease.run_id]
+            self._claimed.pop(lease.run_id, None)
+            if held is None or held.token != lease.token or held.lost is not None:
+                return      # not ours any more: write nothing
+            try:    # once, without waiting: an unreleased lease expires by itself
+                self._writer().execute(
+                    "WITH u AS (UPDATE leases SET expires_at = now() WHERE run_id = %s "
+                    "AND token = %s RETURNING run_id) "
+                    f"SELECT pg_notify('{RUNS_CHANNEL}', run_id) FROM u",
+                    [lease.run_id, lease.token])
+            except Exception as exc:
+                if not is_connection_error(exc):
+                    raise
+                self._reset_writer()
+
+    # -- results --------------------------------------------------------------------------
+    def put_blob(self, enc: Encoded) -> str | None:
+        return self.blobs.put(enc)
+
+    def read_blob(self, kind: str, data: str | None, uri: str | None) -> Any:
+        return self.blobs.read(kind, data, uri)
+
+    def blob_exists(self, uri: str) -> bool:
+        return self.blobs.path(uri).exists()
+
+    def result_path(self, uri: str) -> str:
+        """The file behind a result URI (Parquet for tables)."""
+        return str(self.blobs.path(uri))
+
+    # -- reading --------------------------------------------------------------------------
+    @staticmethod
+    def _alive(view: RunView, lease: tuple[Any, ...]) -> bool:
+        unexpired, pid, host, start = lease
+        return bool(view.state in _ACTIVE and unexpired and not holder_gone(pid, host, start))
+
+    def get_run(self, run_id: str, *, tasks: bool = True, upstream: bool = True) -> RunView:
+        got = self._read(lambda con: queries.load_run(con, run_id, tasks=tasks,
+                                                      upstream=upstream),
+                         f"reading run {run_id}")
+        if got is None:
+            raise RunNotFoundError(f"no run {run_id!r} in {self.db.shown}")
+        view, lease = got
+        view.driver_alive = self._alive(view, lease)
+        return view  # type: ignore[no-any-return]
+
+    def list_runs(self, limit: int = 50) -> list[RunView]:
+        out = []
+        for view, lease in self._read(lambda con: queries.list_runs(con, limit),
+                                      "listing runs"):
+            view.driver_alive = self._alive(view, lease)
+            out.append(view)
+        return out
+
+    def request_cancel(self, run_id: str) -> None:
+        def send(con: Any) -> bool:
+            row = con.execute(
+                "WITH s AS (INSERT INTO signals (run_id, kind, token) "
+                "SELECT l.run_id, 'cancel', l.token FROM leases l JOIN runs r USING (run_id) "
+                "WHERE l.run_id = %s RETURNING run_id) "
+                f"SELECT pg_notify('{SIGNALS_CHANNEL}', run_id) FROM s", [run_id]).fetchone()
+            return row is not None
+        if not self._read(send, f"cancelling run {run_id}"):
+            raise RunNotFoundError(f"no run {run_id!r} in {self.db.shown}")
+        self.keeper.mark_cancel(run_id)
+
+    def cancel_requested(self, run_id: str) -> bool:
+        local = self.keeper.cancelled(run_id)
+        if local is not None:
+            return local
+        return bool(self._read(lambda con: con.execute(
+            "SELECT 1 FROM signals s JOIN leases l USING (run_id) WHERE s.run_id = %s "
+            "AND s.kind = 'cancel' AND s.token >= l.token LIMIT 1", [run_id]).fetchone(),
+            f"reading run {run_id}"))
+
+    def cache_lookup(self, task_names: Iterable[str],
+                     exclude_run: str | None = None) -> dict[str, CacheHit]:
+        names = list(task_names)
+        return self._read(  # type: ignore[no-any-return]
+            lambda con: queries.cache_lookup(con, names, exclude_run), "reading the cache")
+
+    def _records(self, run_id: str, kind: type[R], **where: Any) -> list[R]:
+        def read(con: Any) -> list[R] | None:
+            if not queries.has_run(con, run_id):
+                return None
+            return queries.record_rows(con, run_id, kind, **where)
+        rows = self._read(read, f"reading run {run_id}")
+        if rows is None:
+            raise RunNotFoundError(f"no run {run_id!r} in {self.db.shown}")
+        return rows  # type: ignore[no-any-return]
+
+    def lineage(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
+        def read(con: Any) -> Any:
+            got = queries.load_run(con, run_id)
+            if got is None:
+                return None
+            return got[0], queries.record_rows(con, run_id, ArtifactRecorded)
+        got = self._read(read, f"reading run {run_id}")
+        if got is None:
+            raise RunNotFoundError(f"no run {run_id!r} in {self.db.shown}")
+        return lineage_rows(got[0], got[1], task_key)
+
+    def notices(self, run_id: str) -> list[dict[str, Any]]:
+        return [notice_dict(r) for r in self._records(run_id, Notice)]
+
+    def attempts(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
+        return [attempt_dict(r) for r in self._records(run_id, AttemptEnded, task_key=task_key)]
+
+    def logs(self, run_id: str, task_key: str | None = None,
+             attempt: int | None = None) -> list[dict[str, Any]]:
+        return [log_dict(r) for r in self._records(run_id, LogRecorded, task_key=task_key,
+                                                   attempt=attempt)]
+
+    def driver_alive(self, run_id: str) -> bool:
+        """True if a driver holds an unexpired lease of ``run_id``."""
+        return bool(self.get_run(run_id, tasks=False).driver_alive)
+
+    def close(self) -> None:
+        for run_id, mirror in list(self._mirrors.items()):
+            self.release(Lease(run_id, mirror.token))
+        self.keeper.close()
+        with self._wlock:
+            self._reset_writer()
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
