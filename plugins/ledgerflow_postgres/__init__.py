@@ -50,8 +50,35 @@ def ledgerflow_make_store(name: str, settings: Settings) -> PostgresStore | None
     except ImportError as exc:
         raise PluginError(f"the postgres store needs psycopg 3 and psycopg-pool ({exc})",
                           hint="pip install 'ledgerflow[postgres]'") from None
+    return _shared(settings.store)
+
+
+_STORES: dict[tuple[str, ...], Any] = {}
+
+
+def _shared(url: str) -> PostgresStore:
+    """One store per database and settings per process: its connections, lease keeper
+    and reader pool serve every run and reader of this process (closed at exit)."""
+    import atexit
+    import os
+
     from .store import PostgresStore
-    return PostgresStore(settings.store)
+    key = (url, *(os.environ.get(f"LEDGERFLOW_{v}", "") for v in
+                  ("LEASE_TTL", "STORE_WAIT", "BLOB_DIR")), os.getcwd())
+    st = _STORES.get(key)
+    if st is None:
+        if not _STORES:
+            atexit.register(_close_all)
+        st = _STORES[key] = PostgresStore(url)
+    return st  # type: ignore[no-any-return]
+
+
+def _close_all() -> None:
+    for st in list(_STORES.values()):
+        try:
+            st.close()
+        except Exception:  # the database may be gone at exit: nothing to release then
+            pass
 
 
 @hookimpl

@@ -47,8 +47,18 @@ def _transient(exc: BaseException) -> bool:
     if not isinstance(exc, psycopg.OperationalError):
         return False
     state = getattr(exc, "sqlstate", None) or ""
-    # authentication (28...) and a missing database (3D000) do not heal by waiting
-    return not (state.startswith("28") or state == "3D000")
+    # authentication (28...) and a missing database (3D000) do not heal by waiting;
+    # a failed connect carries no SQLSTATE, only the server's message
+    if state.startswith("28") or state == "3D000":
+        return False
+    text = str(exc)
+    return not any(m in text for m in _PERMANENT)
+
+
+#: What the server says when connecting cannot work however long one waits.
+_PERMANENT = ("does not exist", "password authentication failed", "no pg_hba.conf entry",
+              "authentication failed", "invalid port", "invalid connection option",
+              "missing \"=\"", "invalid URI")
 
 
 def is_connection_error(exc: BaseException) -> bool:

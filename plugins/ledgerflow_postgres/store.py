@@ -22,6 +22,7 @@ every third of that; a driver that cannot renew in time stops itself.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import threading
 import time
@@ -81,6 +82,16 @@ def _env_float(name: str, default: float) -> float:
         raise StoreError(f"{name} must be positive, given: {raw!r}",
                          hint=f"set {name}=30 or unset it")
     return value
+
+
+class _QuietPool(logging.Filter):
+    """Drops the reader pool's own reconnect warnings (the store says it once)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "'ledgerflow-readers'" not in record.getMessage()
+
+
+logging.getLogger("psycopg.pool").addFilter(_QuietPool())
 
 
 class PostgresStore:
@@ -146,10 +157,20 @@ class PostgresStore:
             return self._pool
 
     def _read(self, fn: Any, what: str) -> Any:
+        from psycopg_pool import PoolTimeout
+
         def attempt(retry: bool) -> Any:
-            with self._readers().connection(timeout=max(1.0, min(self.db.wait, 5.0))) as con:
-                self._prepare(con)
-                return fn(con)
+            if not self._migrated:
+                with self._wlock:
+                    self._writer()      # the first use connects directly: real errors
+            try:
+                with self._readers().connection(
+                        timeout=max(1.0, min(self.db.wait, 5.0))) as con:
+                    return fn(con)
+            except PoolTimeout:
+                # the pool only says it got no connection: a direct one says why
+                self.db.connect(timeout=2).close()
+                raise
         return self.db.retrying(attempt, what=what)
 
     # -- writing --------------------------------------------------------------------------

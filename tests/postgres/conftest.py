@@ -34,8 +34,8 @@ def pg_server() -> Iterator[PgServer]:
 
 @pytest.fixture
 def pg_url(pg_server: PgServer) -> str:
-    """The URL of a fresh, empty database on the session's server."""
-    return pg_server.create_database(f"lf_{os.getpid()}_{next(_names)}")
+    """The URL of a fresh, empty ledger on the session's server (its own schema)."""
+    return pg_server.create_schema(f"lf_{os.getpid()}_{next(_names)}")
 
 
 @pytest.fixture(autouse=True)

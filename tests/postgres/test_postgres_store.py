@@ -1,0 +1,334 @@
+"""The postgres store in one process: idempotent retried commits, fencing, waiting, runs.
+
+Every test talks to a real PostgreSQL server (the session's, one database
+per test) through the store plugin, as a run does.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import ledgerflow
+from ledgerflow import pipeline, task
+from ledgerflow.context import TaskCancelled
+from ledgerflow.control import submit
+from ledgerflow.errors import LeaseLostError, NotResumableError, StoreError
+from ledgerflow.launch import settings_for, store_for
+from ledgerflow.records import AttemptEnded, ResultRecorded, RunStateChanged, Transition
+from ledgerflow.testing.stores import run_records, started
+from ledgerflow_postgres import PostgresStore
+from ledgerflow_postgres.connection import StoreUnavailableError
+from ledgerflow_postgres.sql import commit_params
+
+from .pgserver import free_port
+
+pytestmark = pytest.mark.postgres
+
+
+def rows(url: str, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url, autocommit=True) as con:
+        return con.execute(sql, params).fetchall()
+
+
+@pytest.fixture
+def store(pg_url: str) -> Any:
+    st = PostgresStore(pg_url, lease_ttl=5, wait=10)
+    yield st
+    st.close()
+
+
+class Flaky:
+    """A connection that breaks once around the group-commit statement, like a server
+    stopped mid-commit: ``after=True`` breaks after the statement ran (the client cannot
+    tell that it landed), ``after=False`` before it reached the server."""
+
+    def __init__(self, con: Any, after: bool) -> None:
+        self.con, self.after, self.broke = con, after, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.con, name)
+
+    def execute(self, sql: str, params: Any = None) -> Any:
+        if not self.broke and sql.startswith("WITH lease AS"):
+            self.broke = True
+            if self.after:
+                self.con.execute(sql, params)
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return self.con.execute(sql, params)
+
+
+@pytest.mark.parametrize("after", [True, False], ids=["landed", "not-landed"])
+def test_a_commit_retried_after_a_lost_connection_is_applied_once(
+        store: PostgresStore, pg_url: str, after: bool,
+        caplog: pytest.LogCaptureFixture) -> None:
+    lease = store.create_run("r", run_records("r"))
+    real = store._writer()
+    store._wconn = Flaky(real, after)
+    now = time.time()
+    with caplog.at_level(logging.WARNING, logger="ledgerflow"):
+        store.append(lease, started("a", now))
+    assert "unreachable while committing to run r" in caplog.text
+    assert "is back after" in caplog.text
+    assert rows(pg_url, "SELECT seq, to_state FROM events ORDER BY id") == [
+        (1, "pending"), (2, "ready"), (3, "running")]
+    assert rows(pg_url, "SELECT token, seq, records FROM commits ORDER BY seq") == [
+        (1, 1, 3), (1, 2, 4)]
+    # and the next commit goes on from there
+    store.append(lease, [AttemptEnded("a", 1, "ok", now, now, "", "", ""),
+                         ResultRecorded("a", 1, "fp", "h", "json", "1", None, 1, None),
+                         Transition(4, "a", 1, "running", "succeeded", "", now)])
+    row = store.get_run("r").tasks["a"]
+    assert (row.state, row.attempts, row.result_hash) == ("succeeded", 1, "h")
+    store.release(lease)
+
+
+def test_the_same_commit_sent_twice_writes_once(store: PostgresStore, pg_url: str) -> None:
+    lease = store.create_run("r", run_records("r"))
+    view = store._mirrors["r"].view
+    sql, params = commit_params("r", 1, 2, started("a", time.time()), [], None)
+    with psycopg.connect(pg_url, autocommit=True) as con:
+        first = con.execute(sql, params).fetchone()
+        again = con.execute(sql, params).fetchone()
+        stale = con.execute(sql, {**params, "token": 7, "seq": 3}).fetchone()
+    assert (first, again, stale) == ((1, 1), (1, 0), (0, 0))
+    assert rows(pg_url, "SELECT count(*) FROM events") == [(3,)]
+    assert view.run_id == "r"
+    store.release(lease)
+
+
+def test_a_superseded_driver_writes_nothing(pg_url: str) -> None:
+    old = PostgresStore(pg_url, lease_ttl=30, wait=5)
+    new = PostgresStore(pg_url, lease_ttl=30, wait=5)
+    try:
+        lease = old.create_run("r", run_records("r"))
+        with pytest.raises(NotResumableError, match="still being driven by pid"):
+            new.take_over("r")
+        # the old driver looks dead to the server: its lease is past its expiry
+        rows(pg_url, "UPDATE leases SET expires_at = now() - interval '1 second' "
+                     "RETURNING 1")
+        taken = new.take_over("r")
+        assert taken.token == 2
+        before = rows(pg_url, "SELECT (SELECT count(*) FROM events), "
+                              "(SELECT count(*) FROM commits)")
+        with pytest.raises(LeaseLostError, match="lease lost: run r was taken over"):
+            old.append(lease, started("a", time.time()))
+        assert rows(pg_url, "SELECT (SELECT count(*) FROM events), "
+                            "(SELECT count(*) FROM commits)") == before
+        assert old.lease_lost(lease) is not None
+        old.release(lease)           # writes nothing: the lease is the new driver's
+        assert rows(pg_url, "SELECT token, expires_at > now() FROM leases") == [(2, True)]
+        new.append(taken, [RunStateChanged("running", "resumed", time.time())])
+        new.release(taken)
+    finally:
+        old.close()
+        new.close()
+
+
+def test_a_driver_that_cannot_renew_in_time_fences_itself(pg_url: str) -> None:
+    st = PostgresStore(pg_url, lease_ttl=1.0, wait=5)
+    try:
+        lease = st.create_run("r", run_records("r"))
+        st.keeper._renew = lambda run_id, h: None      # type: ignore[method-assign]
+        assert st.lease_lost(lease) is None
+        time.sleep(1.1)
+        reason = st.lease_lost(lease)
+        assert reason is not None and "could not renew the lease of run r for 1s" in reason
+        with pytest.raises(LeaseLostError, match="could not renew"):
+            st.append(lease, started("a", time.time()))
+        assert rows(pg_url, "SELECT count(*) FROM events") == [(0,)]
+        st.release(lease)
+    finally:
+        st.close()
+
+
+def test_leases_are_renewed_on_the_servers_clock(pg_url: str) -> None:
+    st = PostgresStore(pg_url, lease_ttl=0.6, wait=5)
+    try:
+        lease = st.create_run("r", run_records("r"))
+        first = rows(pg_url, "SELECT renewed_at FROM leases")[0][0]
+        time.sleep(1.0)       # ~5 renewals at a third of the TTL
+        renewed, left = rows(pg_url, "SELECT renewed_at, extract(epoch FROM expires_at - "
+                                     "now()) FROM leases")[0]
+        assert renewed > first and 0 < float(left) <= 0.6
+        assert st.lease_lost(lease) is None
+        st.release(lease)
+        assert rows(pg_url, "SELECT expires_at <= now() FROM leases") == [(True,)]
+    finally:
+        st.close()
+
+
+def test_a_stopped_database_is_waited_for_then_store_unavailable() -> None:
+    url = f"postgresql://postgres@127.0.0.1:{free_port()}/nothing"  # nobody listens there
+    st = PostgresStore(url, wait=1.0)
+    t = time.monotonic()
+    with pytest.raises(StoreUnavailableError, match="store unavailable: database "
+                       r"postgresql://postgres@127.0.0.1:\d+/nothing did not answer"):
+        st.list_runs()
+    assert time.monotonic() - t >= 1.0
+    st.close()
+
+
+def test_a_missing_database_fails_at_once(pg_server: Any) -> None:
+    st = PostgresStore(pg_server.url_for("no_such_db"), wait=30)
+    t = time.monotonic()
+    with pytest.raises(StoreError, match="cannot use the database") as info:
+        st.list_runs()
+    assert not isinstance(info.value, StoreUnavailableError)
+    assert time.monotonic() - t < 10
+    st.close()
+
+
+def test_passwords_are_masked_in_messages() -> None:
+    from ledgerflow_postgres.connection import mask
+    assert mask("postgresql://me:s3cret@db:5432/x") == "postgresql://me:***@db:5432/x"
+    assert mask("postgresql://me@db/x") == "postgresql://me@db/x"
+
+
+# -- runs through the API ---------------------------------------------------------------
+
+@task
+def double(x: int) -> int:
+    return 2 * x
+
+
+@task
+def total(xs: list[int]) -> int:
+    return sum(xs)
+
+
+@task(retries=0)
+def fragile(x: int, fail: bool) -> int:
+    if fail and x == 2:
+        raise ValueError("boom")
+    return x
+
+
+@pipeline
+def sums(n: int = 4):
+    return total(double.map(list(range(n))))
+
+
+@pipeline
+def breaks(fail: bool = True):
+    return fragile.map([1, 2, 3], fail=fail)
+
+
+def test_runs_cache_and_resume_on_postgres(pg_url: str) -> None:
+    first = sums.run(n=4, store=pg_url)
+    assert first.state == "succeeded" and first.result() == 12
+    again = sums.run(n=4, store=pg_url)
+    assert {t["cached"] for t in again.tasks()} == {True}
+    assert again.result() == 12
+    failed = breaks.run(store=pg_url)
+    assert failed.state == "failed"
+    view = failed.status()
+    assert view.tasks["fragile[2]"].error == "ValueError: boom"
+    assert view.driver_alive is False
+    # the ledger's own rows, through users' SQL
+    assert rows(pg_url, "SELECT state, count(*) FROM tasks WHERE run_id = %s "
+                        "GROUP BY state ORDER BY state", [failed.run_id]) == [
+        ("failed", 1), ("succeeded", 2)]
+    lineage = rows(pg_url, "SELECT task_key, direction, uri FROM lineage WHERE run_id = %s "
+                           "AND task_key = 'total' ORDER BY uri", [first.run_id])
+    assert [r[2] for r in lineage] == [f"task:double[{i}]" for i in range(4)] + ["task:total"]
+
+
+def test_tables_have_the_duckdb_stores_names_and_columns(pg_url: str, tmp_path: Path) -> None:
+    import duckdb
+    sums.run(n=2, store=pg_url)
+    sums.run(n=2, store=str(tmp_path / "l.duckdb"))
+    con = duckdb.connect(str(tmp_path / "l.duckdb"), read_only=True)
+    duck: dict[str, list[str]] = {}
+    for table, column in con.execute(
+            "SELECT table_name, column_name FROM information_schema.columns "
+            "ORDER BY table_name, ordinal_position").fetchall():
+        duck.setdefault(table, []).append(column)
+    con.close()
+    pg: dict[str, list[str]] = {}
+    for table, column in rows(pg_url, "SELECT table_name, column_name FROM "
+                                      "information_schema.columns WHERE table_schema = "
+                                      "current_schema() ORDER BY table_name, "
+                                      "ordinal_position"):
+        pg.setdefault(table, []).append(column)
+    # journals are the DuckDB store's own; the rest is shared
+    for table in set(duck) - {"journal_folds", "journal_damage"}:
+        assert table in pg, table
+        missing = [c for c in duck[table] if c not in pg[table]]
+        assert not missing, (table, missing)
+    assert pg["lineage"] == duck["lineage"]
+
+
+def test_cancel_from_another_process_reaches_the_driver(pg_url: str, tmp_path: Path) -> None:
+    gate = tmp_path / "started"
+
+    @task
+    def wait_here(i: int) -> int:
+        gate.touch()
+        ctx = ledgerflow.context()
+        for _ in range(400):
+            if ctx.cancel_requested:
+                raise TaskCancelled()
+            time.sleep(0.025)
+        return i
+
+    @pipeline
+    def slow():
+        return wait_here.map([1, 2])
+
+    run = slow.run(store=pg_url, wait=False)
+    deadline = time.monotonic() + 30
+    while not gate.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    other = store_for(settings_for(pg_url))     # a reader elsewhere: its own store object
+    t = time.monotonic()
+    ledgerflow.cancel(run.run_id, store=other)
+    assert run.wait(30) == "cancelled"
+    assert time.monotonic() - t < 10
+    assert {r.state for r in run.status().tasks.values()} == {"cancelled"}
+    other.close()
+
+
+def test_submit_then_resume_drives_the_run_once(pg_url: str) -> None:
+    run_id = submit(sums, params={"n": 3}, store=pg_url)
+    view = ledgerflow.get_run(run_id, store=pg_url).status()
+    assert (view.state, view.tasks, view.driver_alive) == ("submitted", {}, False)
+    done = ledgerflow.resume(run_id, store=pg_url, pipeline=sums)
+    assert done.state == "succeeded" and done.result() == 6
+    assert rows(pg_url, "SELECT token FROM runs WHERE run_id = %s", [run_id]) == [(2,)]
+
+
+def test_large_results_go_to_the_shared_directory(pg_url: str, tmp_path: Path) -> None:
+    @task
+    def big() -> list[int]:
+        return list(range(5000))
+
+    @pipeline
+    def one():
+        return big()
+
+    run = one.run(store=pg_url)
+    uri = rows(pg_url, "SELECT result_uri FROM tasks WHERE run_id = %s", [run.run_id])[0][0]
+    assert uri.startswith("results/") and (tmp_path / "blobs" / uri).exists()
+    assert run.result() == list(range(5000))
+
+
+def test_reads_from_threads_while_a_run_commits(pg_url: str) -> None:
+    run = sums.run(n=200, store=pg_url, wait=False)
+    seen: list[str] = []
+
+    def watch() -> None:
+        while not run.done:
+            seen.append(run.status().state)
+    t = threading.Thread(target=watch)
+    t.start()
+    assert run.wait(60) == "succeeded"
+    t.join()
+    assert seen and set(seen) <= {"running", "succeeded"}
