@@ -70,7 +70,7 @@ def _shared(url: str) -> PostgresStore:
         if not _STORES:
             atexit.register(_close_all)
         st = _STORES[key] = PostgresStore(url)
-    return st  # type: ignore[no-any-return]
+    return st
 
 
 def _close_all() -> None:

@@ -10,7 +10,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ledgerflow.records import ArtifactRecorded, AttemptEnded, LogRecorded, Notice, Record, columns
+from ledgerflow.records import (
+    AnyRecord,
+    ArtifactRecorded,
+    AttemptEnded,
+    LogRecorded,
+    Notice,
+    Record,
+    columns,
+    decode_line,
+)
 from ledgerflow.store import CacheHit
 from ledgerflow.views import RunView, TaskRow
 
@@ -44,6 +53,23 @@ def load_run(con: Any, run_id: str, *, tasks: bool = True,
             t.upstream = list(t.upstream or ())
             view.tasks[t.key] = t
     return view, tuple(row[n:])
+
+
+def tail(con: Any, run_id: str) -> list[tuple[int, int, list[AnyRecord]]]:
+    """The run's commits not folded into the tables yet: ``(token, seq, records)``, in order."""
+    token, seq = folded_to(con, run_id)
+    # a row comparison on a prefix of the primary key: an index range scan
+    rows = con.execute(
+        "SELECT token, seq, body FROM commits WHERE run_id = %s "
+        "AND (run_id, token, seq) > (%s, %s, %s) ORDER BY token, seq",
+        [run_id, run_id, token, seq]).fetchall()
+    return [(t, s, decode_line(body.encode())) for t, s, body in rows]
+
+
+def folded_to(con: Any, run_id: str) -> tuple[int, int]:
+    """Up to which commit ``(token, seq)`` the run is folded ((0, 0): none)."""
+    row = con.execute("SELECT token, seq FROM folds WHERE run_id = %s", [run_id]).fetchone()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
 
 
 def next_ord(con: Any, run_id: str) -> int:

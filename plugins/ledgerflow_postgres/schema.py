@@ -5,10 +5,12 @@ DuckDB store's (``runs``, ``tasks``, ``events``, ``attempts``, ``results``,
 ``artifacts``, ``notices``, ``logs``), so users' SQL works on either. Added
 here: ``id`` identity columns giving the append-only tables their order
 (DuckDB's ``rowid``), ``tasks.ord`` (creation order), ``leases`` (who
-drives a run, until when, on the server's clock), ``commits`` (one row per
-group commit, keyed by run, token and sequence: what makes a retried commit
-a no-op) and ``signals`` (cancel requests; approval decisions later). There
-is no ``journal_damage``: this store keeps no journals.
+drives a run, until when, on the server's clock), ``commits`` (the journal:
+one row per group commit with its records, keyed by run, token and
+sequence, which makes a retried commit a no-op), ``folds`` (how far each
+run's commits are folded into the tables) and ``signals`` (cancel requests;
+approval decisions later). There is no ``journal_damage``: a commit is one
+row, written whole or not at all.
 
 Each migration runs in one transaction under an advisory lock, so two
 processes opening a new database at once do not both create it.
@@ -25,7 +27,8 @@ SCHEMA_VERSION = 1
 #: Any 64-bit number: the advisory lock of migrations.
 _MIGRATION_LOCK = 0x6C6564676572  # "ledger"
 
-_APPEND = "id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
+#: The order of an append-only table's rows (DuckDB's rowid); indexed with run_id only.
+_APPEND = "id BIGINT GENERATED ALWAYS AS IDENTITY"
 
 MIGRATIONS: list[tuple[int, list[str]]] = [
     (1, [
@@ -41,10 +44,11 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             started_at DOUBLE PRECISION, ended_at DOUBLE PRECISION, error TEXT,
             fingerprint TEXT, result_hash TEXT, result_kind TEXT, result_data TEXT,
             result_uri TEXT, result_size BIGINT, cached_from TEXT, result_attempt INTEGER,
-            ord BIGINT, PRIMARY KEY (run_id, task_key))""",
-        "CREATE INDEX tasks_cache ON tasks(task_name, fingerprint) "
-        "WHERE state = 'succeeded' AND fingerprint IS NOT NULL",
-        f"""CREATE TABLE events({_APPEND}, run_id TEXT NOT NULL, seq BIGINT, task_key TEXT,
+            ord BIGINT, PRIMARY KEY (run_id, task_key)) WITH (fillfactor = 70)""",
+        # no index covers a column that changes on every transition (state, attempts,
+        # times): those updates stay heap-only (HOT), which is most of a commit's work
+        "CREATE INDEX tasks_cache ON tasks(fingerprint) WHERE fingerprint IS NOT NULL",
+        """CREATE TABLE events(run_id TEXT NOT NULL, seq BIGINT, task_key TEXT,
             attempt INTEGER, from_state TEXT, to_state TEXT, reason TEXT,
             ts DOUBLE PRECISION, token INTEGER)""",
         "CREATE INDEX events_run ON events(run_id, seq)",
@@ -56,7 +60,7 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         f"""CREATE TABLE results({_APPEND}, run_id TEXT NOT NULL, task_key TEXT,
             attempt INTEGER, fingerprint TEXT, content_hash TEXT, kind TEXT, data TEXT,
             uri TEXT, size BIGINT, cached_from TEXT)""",
-        "CREATE INDEX results_run ON results(run_id, task_key)",
+        "CREATE INDEX results_run ON results(run_id, id)",
         f"""CREATE TABLE artifacts({_APPEND}, run_id TEXT NOT NULL, task_key TEXT,
             attempt INTEGER, direction TEXT, uri TEXT, content_hash TEXT, attrs TEXT)""",
         "CREATE INDEX artifacts_run ON artifacts(run_id, id)",
@@ -72,10 +76,14 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             acquired_at TIMESTAMPTZ NOT NULL DEFAULT now(),
             renewed_at TIMESTAMPTZ NOT NULL DEFAULT now(),
             expires_at TIMESTAMPTZ NOT NULL)""",
-        # one row per group commit: (run, token, seq) makes a retried commit a no-op
+        # the journal: one row per group commit with its records as written (JSON);
+        # (run, token, seq) makes a retried commit a no-op
         """CREATE TABLE commits(run_id TEXT NOT NULL, token INTEGER NOT NULL,
-            seq BIGINT NOT NULL, records INTEGER NOT NULL,
+            seq BIGINT NOT NULL, records INTEGER NOT NULL, body TEXT NOT NULL,
             at TIMESTAMPTZ NOT NULL DEFAULT now(), PRIMARY KEY (run_id, token, seq))""",
+        # how far each run's commits are folded into the tables above
+        """CREATE TABLE folds(run_id TEXT PRIMARY KEY, token INTEGER NOT NULL,
+            seq BIGINT NOT NULL, at TIMESTAMPTZ NOT NULL DEFAULT now())""",
         # requests to a run's driver from any process: kind 'cancel' now; approval
         # decisions (issue 15) go here as kind 'approve' / 'reject' with task_key, payload
         f"""CREATE TABLE signals({_APPEND}, run_id TEXT NOT NULL, kind TEXT NOT NULL,

@@ -1,21 +1,21 @@
-"""SQL derived from the declarations: the group-commit statement and the row encoders.
+"""SQL derived from the declarations: the commit and fold statements, the row encoders.
 
-Records travel as JSON arrays (``msgspec``, the journal's encoding: the
-kind's tag, then its fields in declaration order); for each kind the insert
-into :attr:`~ledgerflow.records.Record.TABLE` is generated from
-:func:`ledgerflow.records.columns` and :func:`~ledgerflow.records.field_types`,
-so a field added to a record is a column added here, with no hand-written
-list per kind. The current-state rows (``tasks``, ``runs``) come from the
-read models :class:`~ledgerflow.views.TaskRow` / :class:`~ledgerflow.views.RunView`
-the same way.
+A group commit is **one small statement**: it takes a share lock on the run's
+lease row if the row still carries the driver's token, and inserts the
+commit's row into ``commits`` keyed by ``(run, token, seq)`` with the
+records as written (JSON arrays, the journal's encoding: a kind's tag, then
+its fields in declaration order). A stale token writes nothing; a commit
+sent again after a lost connection hits its own key and writes nothing.
 
-A group commit is **one statement** (one round trip, one implicit
-transaction): it locks the run's lease row if it still carries the
-driver's token, inserts the commit's ``commits`` row (run, token, seq) and,
-only if both succeeded, appends every kind's rows and upserts the touched
-``tasks`` rows and the ``runs`` row. A stale token writes nothing; a commit
-sent again after a lost connection finds its ``commits`` row and writes
-nothing.
+A **fold** moves a range of commits into the tables, set-based, in one
+statement: for each record kind the insert into
+:attr:`~ledgerflow.records.Record.TABLE` is generated from
+:func:`ledgerflow.records.columns` and :func:`~ledgerflow.records.field_types`
+(a field added to a record is a column added here, with no hand-written list
+per kind), and the touched ``tasks`` rows and the ``runs`` row, which the
+driver computed with :func:`ledgerflow.projection.apply`, are upserted from
+the read models :class:`~ledgerflow.views.TaskRow` / :class:`~ledgerflow.views.RunView`
+the same way. A fold is fenced by the lease like a commit.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from operator import attrgetter
 from typing import Any, Final
 
@@ -37,7 +37,7 @@ _encoder = msgspec.json.Encoder()
 #: Kinds that append rows, by tag (the others only change a current state).
 APPENDED: Final[dict[str, type[Record]]] = {t: k for t, k in KINDS.items() if k.TABLE}
 
-#: ``tasks`` columns in the order :func:`task_rows` encodes them (``key`` is ``task_key``).
+#: ``tasks`` columns in the order :func:`fold_params` encodes them (``key`` is ``task_key``).
 TASK_FIELDS: Final[tuple[str, ...]] = tuple(TaskRow.__dataclass_fields__)
 TASK_COLUMNS: Final[tuple[str, ...]] = tuple(
     "task_key" if f == "key" else f for f in TASK_FIELDS)
@@ -49,6 +49,14 @@ RUN_FIELDS: Final[tuple[str, ...]] = (
 _task_tuple = attrgetter(*TASK_FIELDS)
 _run_tuple = attrgetter(*RUN_FIELDS)
 
+#: The group commit (see the module docstring); returns a row only if it was written.
+COMMIT_SQL: Final = (
+    "WITH lease AS (SELECT run_id FROM leases WHERE run_id = %(run)s AND token = %(token)s "
+    "FOR SHARE) "
+    "INSERT INTO commits (run_id, token, seq, records, body) "
+    "SELECT run_id, %(token)s, %(seq)s, %(n)s, %(body)s FROM lease "
+    "ON CONFLICT DO NOTHING RETURNING 1")
+
 
 def _unwrap(ann: Any) -> Any:
     if isinstance(ann, types.UnionType) or typing.get_origin(ann) is typing.Union:
@@ -58,15 +66,15 @@ def _unwrap(ann: Any) -> Any:
 
 
 def cast(ann: Any, index: int, src: str = "r") -> str:
-    """The SQL reading element ``index`` of the JSON array ``src`` as annotation ``ann``."""
+    """The SQL reading element ``index`` of the JSONB array ``src`` as annotation ``ann``."""
     origin = _unwrap(ann)
     if origin is int:
         return f"({src}->>{index})::bigint"
     if origin is float:
         return f"({src}->>{index})::double precision"
     if origin is list:
-        return (f"CASE WHEN json_typeof({src}->{index}) = 'array' THEN ARRAY(SELECT "
-                f"json_array_elements_text({src}->{index})) END")
+        return (f"CASE WHEN jsonb_typeof({src}->{index}) = 'array' THEN ARRAY(SELECT "
+                f"jsonb_array_elements_text({src}->{index})) END")
     if origin is dict:
         return f"({src}->{index})::text"        # kept as its JSON text, as in DuckDB
     return f"{src}->>{index}"
@@ -77,32 +85,31 @@ def _quoted(cols: Sequence[str]) -> str:
 
 
 def append_cte(tag: str) -> str:
-    """The CTE that appends this commit's records of kind ``tag`` to its table."""
+    """The CTE that appends the folded commits' records of kind ``tag`` to its table."""
     kind = APPENDED[tag]
     cols = columns(kind)
     types_ = field_types(kind)
     values = ", ".join(cast(types_[c], n + 1) for n, c in enumerate(cols))
     token = ', "token"' if kind.TOKENED else ""
-    token_v = ", %(token)s" if kind.TOKENED else ""
+    token_v = ", token" if kind.TOKENED else ""
     return (f"k_{tag} AS (INSERT INTO {kind.TABLE} (run_id, {_quoted(cols)}{token}) "
-            f"SELECT c.run_id, {values}{token_v} "
-            f"FROM c, json_array_elements(%(k_{tag})s::json) WITH ORDINALITY AS x(r, i) "
-            f"ORDER BY x.i)")
+            f"SELECT run_id, {values}{token_v} FROM raw WHERE r->>0 = '{tag}' "
+            f"ORDER BY token, seq, i)")
 
 
 def _upsert_cte(name: str, table: str, cols: Sequence[str], hints: dict[str, Any],
-                fields: Sequence[str], key: Sequence[str], keep: Sequence[str],
-                param: str, extra: Sequence[tuple[str, str]] = ()) -> str:
-    values = [cast(hints[f], n) for n, f in enumerate(fields)]
+                key: Sequence[str], keep: Sequence[str], param: str,
+                extra: Sequence[tuple[str, str]] = ()) -> str:
+    values = [cast(hints[c], n) for n, c in enumerate(cols)]
     all_cols = [*cols, *(c for c, _ in extra)]
     all_vals = [*values, *(v for _, v in extra)]
     sets = ", ".join(f'"{c}" = EXCLUDED."{c}"' for c in all_cols
                      if c not in key and c not in keep)
     prefix = "run_id, " if "run_id" not in cols else ""
-    run_v = "c.run_id, " if prefix else ""
+    run_v = "%(run)s, " if prefix else ""
     return (f"{name} AS (INSERT INTO {table} ({prefix}{_quoted(all_cols)}) "
             f"SELECT {run_v}{', '.join(all_vals)} "
-            f"FROM c, json_array_elements(%({param})s::json) AS x(r) "
+            f"FROM lease, jsonb_array_elements(%({param})s::jsonb) AS x(r) "
             f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {sets})")
 
 
@@ -112,56 +119,55 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 @functools.cache
-def commit_sql(tags: frozenset[str], tasks: bool, run: bool) -> str:
-    """The one statement of a group commit holding these kinds (see the module docstring).
-
-    Its result row is ``(leased, fresh)``: 1 if the token still holds the
-    lease, 1 if this commit had not landed before.
-    """
+def fold_sql(tasks: bool, run: bool) -> str:
+    """The one statement of a fold of commits ``(from_token, from_seq) < (token, seq) <=
+    (to_token, to_seq)``; its result is 1 if the lease still holds (else nothing is done)."""
     ctes = [
         "lease AS (SELECT run_id FROM leases WHERE run_id = %(run)s AND token = %(token)s "
-        "FOR UPDATE)",
-        "c AS (INSERT INTO commits (run_id, token, seq, records) "
-        "SELECT run_id, %(token)s, %(seq)s, %(n)s FROM lease "
-        "ON CONFLICT DO NOTHING RETURNING run_id)",
+        "FOR SHARE)",
+        "raw AS MATERIALIZED (SELECT c.run_id, c.token, c.seq, x.i, x.r "
+        "FROM lease, commits c, jsonb_array_elements(c.body::jsonb) WITH ORDINALITY AS x(r, i) "
+        # row comparisons on a prefix of the primary key: an index range scan
+        "WHERE c.run_id = %(run)s AND (c.run_id, c.token, c.seq) > (%(run)s, %(ft)s, %(fs)s) "
+        "AND (c.run_id, c.token, c.seq) <= (%(run)s, %(tt)s, %(ts)s))",
     ]
-    ctes += [append_cte(t) for t in sorted(tags) if t in APPENDED]
+    ctes += [append_cte(t) for t in sorted(APPENDED)]
     if tasks:
         task_hints = {("task_key" if f == "key" else f): h
                       for f, h in _hints(TaskRow).items()}
         ctes.append(_upsert_cte(
-            "tk", "tasks", TASK_COLUMNS, task_hints, TASK_COLUMNS, ("run_id", "task_key"),
-            ("ord",), "tasks", extra=[("ord", f"({'r'}->>{len(TASK_COLUMNS)})::bigint")]))
+            "tk", "tasks", TASK_COLUMNS, task_hints, ("run_id", "task_key"), ("ord",),
+            "tasks", extra=[("ord", f"(r->>{len(TASK_COLUMNS)})::bigint")]))
     if run:
-        ctes.append(_upsert_cte("ru", "runs", RUN_FIELDS, _hints(RunView), RUN_FIELDS,
-                                ("run_id",), (), "run_row"))
-    return ("WITH " + ",\n".join(ctes) +
-            "\nSELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM c)")
+        ctes.append(_upsert_cte("ru", "runs", RUN_FIELDS, _hints(RunView), ("run_id",), (),
+                                "run_row"))
+    ctes.append("fo AS (INSERT INTO folds (run_id, token, seq) SELECT run_id, %(tt)s, %(ts)s "
+                "FROM lease ON CONFLICT (run_id) DO UPDATE SET token = EXCLUDED.token, "
+                "seq = EXCLUDED.seq, at = now())")
+    return "WITH " + ",\n".join(ctes) + "\nSELECT count(*) FROM lease"
 
 
-def commit_params(run_id: str, token: int, seq: int, records: Sequence[Record],
-                  tasks: Sequence[tuple[TaskRow, int]], run: RunView | None
-                  ) -> tuple[str, dict[str, Any]]:
-    """The statement and parameters of one group commit.
+def commit_params(run_id: str, token: int, seq: int, body: bytes, n: int) -> dict[str, Any]:
+    """The parameters of :data:`COMMIT_SQL` (``body``: the records as one JSON array)."""
+    return {"run": run_id, "token": token, "seq": seq, "n": n, "body": body.decode()}
 
-    ``tasks``: the touched rows with their creation order; ``run``: the run's
-    row if it changed.
+
+def fold_params(run_id: str, token: int, start: tuple[int, int], end: tuple[int, int],
+                tasks: Iterable[tuple[TaskRow, int]], run: RunView | None
+                ) -> tuple[str, dict[str, Any]]:
+    """The statement and parameters of one fold.
+
+    ``tasks``: the rows the folded commits touched, as of ``end``, with their
+    creation order (-1: kept from before); ``run``: the run's row if it changed.
     """
-    by_tag: dict[str, list[Record]] = {}
-    for rec in records:
-        tag = rec.__struct_config__.tag
-        if tag in APPENDED:
-            by_tag.setdefault(tag, []).append(rec)
-    params: dict[str, Any] = {"run": run_id, "token": token, "seq": seq, "n": len(records)}
-    for tag, recs in by_tag.items():
-        params[f"k_{tag}"] = _encoder.encode(recs).decode()
-    if tasks:
-        params["tasks"] = _encoder.encode([(*_task_tuple(row), ord_)
-                                           for row, ord_ in tasks]).decode()
+    rows = [(*_task_tuple(row), ord_) for row, ord_ in tasks]
+    params: dict[str, Any] = {"run": run_id, "token": token, "ft": start[0], "fs": start[1],
+                              "tt": end[0], "ts": end[1]}
+    if rows:
+        params["tasks"] = _encoder.encode(rows).decode()
     if run is not None:
         params["run_row"] = _encoder.encode([_run_tuple(run)]).decode()
-    sql = commit_sql(frozenset(by_tag), bool(tasks), run is not None)
-    return sql, params
+    return fold_sql(bool(rows), run is not None), params
 
 
 def run_tuple(view: RunView) -> tuple[Any, ...]:

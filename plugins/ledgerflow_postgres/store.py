@@ -1,15 +1,25 @@
 """The ``postgres`` store: one ledger in a PostgreSQL database shared by many machines.
 
-Writing. The driver keeps the current state of the runs it drives in memory
-(a :class:`~ledgerflow.views.RunView` per leased run, loaded at creation or
-takeover). A group commit applies :func:`ledgerflow.projection.apply` to
-copies of the rows it touches and sends one statement (:mod:`.sql`) that, in
-one transaction, checks the lease token, inserts the commit's
-``(run, token, seq)`` row, appends the records and upserts the touched
-``tasks`` rows and the ``runs`` row. So the tables always equal the
-projection of the records, a stale driver writes nothing, and a commit sent
-again after a lost connection (whose outcome the client cannot know) is a
-no-op: before sending it again the store checks whether it landed.
+Writing: a journal and a fold, as in the DuckDB store, with the database as
+the journal. A group commit is one small statement (:mod:`.sql`): it checks
+the run's lease token under a share lock on the lease row and inserts one
+``commits`` row keyed by ``(run, token, seq)`` holding the commit's records;
+that insert is the durability point. A stale driver writes nothing, and a
+commit sent again after a lost connection (whose outcome the client cannot
+know) is a no-op: before sending it again the store checks whether it
+landed. A background thread **folds** committed rows into the tables
+(``events``, ``attempts``, ``tasks``, ...) every half second or every few
+thousand records, set-based, in one fenced statement per fold: the driver
+keeps the current state of the runs it drives in memory (a
+:class:`~ledgerflow.views.RunView` per leased run, loaded at creation or
+takeover), applies :func:`ledgerflow.projection.apply` to the rows each
+commit touches, and the fold upserts those rows as of its last commit.
+
+Reading: in one snapshot, the tables plus the run's commits not folded yet,
+applied with :func:`ledgerflow.projection.apply`; so every process reads
+exactly what was committed. The tables themselves (users' SQL, the
+``lineage`` view) lag a live run by at most one fold, and a crashed run's
+tail is folded by whoever takes the run over.
 
 Waiting. Every operation waits for a database that went away
 (:meth:`.connection.Database.retrying`, ``LEDGERFLOW_STORE_WAIT`` seconds,
@@ -21,27 +31,36 @@ every third of that; a driver that cannot renew in time stops itself.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
 import threading
 import time
-from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ledgerflow.errors import LeaseLostError, NotResumableError, RunNotFoundError, StoreError
+from ledgerflow.errors import (
+    LeaseLostError,
+    NotResumableError,
+    RunNotFoundError,
+    StoreError,
+)
 from ledgerflow.projection import apply
 from ledgerflow.records import (
+    AnyRecord,
     ArtifactRecorded,
     AttemptEnded,
     LogRecorded,
     Notice,
     Record,
     ResultRecorded,
+    RunDefined,
     TaskCreated,
     Transition,
+    encode_line,
 )
 from ledgerflow.results import Encoded
 from ledgerflow.states import RUN_ACTIVE
@@ -52,21 +71,32 @@ from . import queries, schema
 from .blobs import Blobs, default_root
 from .connection import DEFAULT_WAIT, Database, is_connection_error
 from .lease import DEFAULT_TTL, RUNS_CHANNEL, SIGNALS_CHANNEL, Keeper, holder, holder_gone
-from .sql import RUN_FIELDS, commit_params, run_tuple
+from .sql import COMMIT_SQL, RUN_FIELDS, commit_params, fold_params, run_tuple
 
+log = logging.getLogger("ledgerflow")
 R = TypeVar("R", bound=Record)
 _ACTIVE = tuple(s.value for s in RUN_ACTIVE)
 _ROW_KINDS = (Transition, TaskCreated, AttemptEnded, ResultRecorded)
 
+#: A fold runs at least this often while a run has unfolded commits (seconds) ...
+FOLD_INTERVAL = 0.5
+#: ... and at once when this many records wait.
+FOLD_RECORDS = 4096
+
 
 @dataclass(slots=True)
 class Mirror:
-    """The current state of a run this store drives, as committed."""
+    """A run this store drives: its committed state, and what is not folded yet."""
 
     token: int
     view: RunView
-    seq: int = 0          # the last group commit's sequence number under ``token``
-    next_ord: int = 0     # creation order of the next new task
+    seq: int = 0                    # the last group commit's sequence under ``token``
+    next_ord: int = 0               # creation order of the next new task
+    folded: tuple[int, int] = (0, 0)        # commits folded up to (token, seq)
+    pending: dict[str, TaskRow] = field(default_factory=dict)   # rows as of ``seq``
+    ords: dict[str, int] = field(default_factory=dict)          # new tasks' orders
+    run_changed: bool = False
+    records: int = 0                # records committed and not folded
 
 
 def _env_float(name: str, default: float) -> float:
@@ -82,6 +112,16 @@ def _env_float(name: str, default: float) -> float:
         raise StoreError(f"{name} must be positive, given: {raw!r}",
                          hint=f"set {name}=30 or unset it")
     return value
+
+
+@contextlib.contextmanager
+def _snapshot(con: Any) -> Iterator[None]:
+    """A read-only REPEATABLE READ transaction on an autocommit connection."""
+    con.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    try:
+        yield
+    finally:
+        con.execute("ROLLBACK")
 
 
 class _QuietPool(logging.Filter):
@@ -117,13 +157,17 @@ class PostgresStore:
         self.blobs = Blobs(Path(blob_dir).expanduser().resolve() if blob_dir is not None
                            else default_root())
         self.keeper = Keeper(self.db, self.ttl)
-        self._wlock = threading.RLock()
+        self._wlock = threading.RLock()      # the writer connection and the mirrors
         self._wconn: Any = None
+        self._flock = threading.RLock()      # the fold connection; one fold at a time
+        self._fconn: Any = None
         self._pool: Any = None
         self._pool_lock = threading.Lock()
         self._migrated = False
         self._mirrors: dict[str, Mirror] = {}
         self._claimed: dict[str, Lease] = {}
+        self._fold_wake = threading.Event()
+        self._folder: threading.Thread | None = None
 
     # -- connections ----------------------------------------------------------------------
     def _prepare(self, con: Any) -> None:
@@ -137,13 +181,25 @@ class PostgresStore:
             self._prepare(self._wconn)
         return self._wconn
 
+    @staticmethod
+    def _close(conn: Any) -> None:
+        if conn is not None:
+            with contextlib.suppress(Exception):    # a broken connection is gone anyway
+                conn.close()
+
     def _reset_writer(self) -> None:
         conn, self._wconn = self._wconn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:  # a broken connection may fail to close; it is gone anyway
-                pass
+        self._close(conn)
+
+    def _folder_conn(self) -> Any:
+        if self._fconn is None or self._fconn.closed:
+            self._fconn = self.db.connect()
+            self._prepare(self._fconn)
+        return self._fconn
+
+    def _reset_folder(self) -> None:
+        conn, self._fconn = self._fconn, None
+        self._close(conn)
 
     def _readers(self) -> Any:
         with self._pool_lock:
@@ -156,7 +212,9 @@ class PostgresStore:
                             "connect_timeout": max(1, int(min(self.db.wait, 5)))})
             return self._pool
 
-    def _read(self, fn: Any, what: str) -> Any:
+    def _read(self, fn: Any, what: str, *, snapshot: bool = True) -> Any:
+        """``fn(con)`` on a pooled connection, in one read-only snapshot (a REPEATABLE
+        READ transaction) unless ``snapshot=False`` (small writes in autocommit)."""
         from psycopg_pool import PoolTimeout
 
         def attempt(retry: bool) -> Any:
@@ -166,7 +224,10 @@ class PostgresStore:
             try:
                 with self._readers().connection(
                         timeout=max(1.0, min(self.db.wait, 5.0))) as con:
-                    return fn(con)
+                    if not snapshot:
+                        return fn(con)
+                    with _snapshot(con):
+                        return fn(con)
             except PoolTimeout:
                 # the pool only says it got no connection: a direct one says why
                 self.db.connect(timeout=2).close()
@@ -177,9 +238,10 @@ class PostgresStore:
     def create_run(self, run_id: str, records: Sequence[Record]) -> Lease:
         pid, host, start = holder()
         mirror = Mirror(1, RunView(run_id))
-        scratch, rows, run_changed, next_ord = self._project(mirror, records)
-        sql, params = commit_params(run_id, 1, 1, records, rows,
-                                    scratch if run_changed else None)
+        scratch, rows, _, next_ord = self._project(mirror, records)
+        body = encode_line(records)[:-1]
+        # the run's first commit is folded at once: every run has its rows from the start
+        fsql, fparams = fold_params(run_id, 1, (0, 0), (1, 1), rows, scratch)
         sent = [0.0]
 
         def attempt(retry: bool) -> None:
@@ -197,12 +259,14 @@ class PostgresStore:
                 if made is None:
                     raise StoreError(f"run {run_id} already exists in {self.db.shown}",
                                      hint="start it with a new run id")
-                con.execute(sql, params)
+                con.execute(COMMIT_SQL, commit_params(run_id, 1, 1, body, len(records)))
+                con.execute(fsql, fparams)
 
         with self._wlock:
             self.db.retrying(attempt, what=f"creating run {run_id}",
                              reset=self._reset_writer)
             self._commit_mirror(mirror, scratch, 1, next_ord)
+            mirror.folded = (1, 1)
             self._mirrors[run_id] = mirror
         self.keeper.hold(run_id, 1, sent[0] or time.monotonic())
         return Lease(run_id, 1)
@@ -244,18 +308,42 @@ class PostgresStore:
         with self._wlock:
             token = self.db.retrying(attempt, what=f"taking over run {run_id}",
                                      reset=self._reset_writer)
-            self.keeper.hold(run_id, token, sent[0] or time.monotonic())
-            self._adopt(run_id, token)
+        self.keeper.hold(run_id, token, sent[0] or time.monotonic())
+        self._adopt(run_id, token)
         return Lease(run_id, token)
 
     def _adopt(self, run_id: str, token: int) -> None:
-        """Load the committed state of a run this store now drives."""
-        def load(con: Any) -> Mirror:
+        """Load the committed state of a run this store now drives, and fold what the
+        previous driver left unfolded (its rows are the loaded state's)."""
+        def load(con: Any) -> tuple[RunView, set[str], int, tuple[int, int], list[Any]]:
             got = queries.load_run(con, run_id)
-            if got is None:
+            tail = queries.tail(con, run_id)
+            view = got[0] if got is not None else RunView(run_id)
+            if got is None and not any(isinstance(r, RunDefined) for _, _, rs in tail
+                                       for r in rs):
                 raise RunNotFoundError(f"no run {run_id!r} in {self.db.shown}")
-            return Mirror(token, got[0], 0, queries.next_ord(con, run_id))
-        self._mirrors[run_id] = self._read(load, f"loading run {run_id}")
+            in_tables = set(view.tasks)
+            for _, _, rs in tail:
+                apply(view, rs)
+            return (view, in_tables, queries.next_ord(con, run_id),
+                    queries.folded_to(con, run_id), tail)
+        view, in_tables, next_ord, folded, tail = self._read(load, f"loading run {run_id}")
+        mirror = Mirror(token, view, 0, next_ord, folded)
+        if tail:
+            touched = {r.task_key for _, _, rs in tail for r in rs
+                       if type(r) in _ROW_KINDS}
+            mirror.pending = {k: view.tasks[k] for k in touched}
+            for k in view.tasks:        # the tail's new tasks, in creation order
+                if k in touched and k not in in_tables:
+                    mirror.ords[k] = mirror.next_ord
+                    mirror.next_ord += 1
+            mirror.run_changed = True
+            mirror.records = sum(len(rs) for _, _, rs in tail)
+            if not self._fold(mirror, end=(tail[-1][0], tail[-1][1])):
+                raise LeaseLostError(f"lease lost: run {run_id} was taken over while this "
+                                     "driver took it over")
+        with self._wlock:
+            self._mirrors[run_id] = mirror
 
     def claim(self, skip: Collection[str] = ()) -> Lease | None:
         """Take the lease of the oldest run that waits for a driver (``pipeline worker``).
@@ -286,12 +374,13 @@ class PostgresStore:
 
         with self._wlock:
             got = self.db.retrying(attempt, what="claiming a run", reset=self._reset_writer)
-            if got is None:
-                return None
-            run_id, token = got
-            self.keeper.hold(run_id, token, sent[0])
-            self._adopt(run_id, token)
-            lease = Lease(run_id, token)
+        if got is None:
+            return None
+        run_id, token = got
+        self.keeper.hold(run_id, token, sent[0])
+        self._adopt(run_id, token)
+        lease = Lease(run_id, token)
+        with self._wlock:
             self._claimed[run_id] = lease
         return lease
 
@@ -347,42 +436,141 @@ class PostgresStore:
                     hint=f"watch it with: pipeline status {run_id}")
             scratch, rows, run_changed, next_ord = self._project(mirror, records)
             seq = mirror.seq + 1
-            sql, params = commit_params(run_id, lease.token, seq, records, rows,
-                                        scratch if run_changed else None)
+            params = commit_params(run_id, lease.token, seq, encode_line(records)[:-1],
+                                   len(records))
+            check = "SELECT 1 FROM commits WHERE run_id = %s AND token = %s AND seq = %s"
 
-            def attempt(retry: bool) -> tuple[int, int]:
+            def attempt(retry: bool) -> bool:
                 con = self._writer()
-                if retry and con.execute(
-                        "SELECT 1 FROM commits WHERE run_id = %s AND token = %s AND seq = %s",
-                        [run_id, lease.token, seq]).fetchone():
-                    return 1, 0         # it landed before the connection broke
-                row = con.execute(sql, params).fetchone()
-                return int(row[0]), int(row[1])
+                if retry and con.execute(check, [run_id, lease.token, seq]).fetchone():
+                    return True         # it landed before the connection broke
+                if con.execute(COMMIT_SQL, params).fetchone() is not None:
+                    return True
+                # nothing written: the lease is not ours, or this very commit exists
+                return con.execute(check, [run_id, lease.token, seq]).fetchone() is not None
 
-            leased, _ = self.db.retrying(
+            landed = self.db.retrying(
                 attempt, what=f"committing to run {run_id}", reset=self._reset_writer,
                 fenced=lambda: self.keeper.lost(run_id, lease.token),
                 hint=f"start the database, then: pipeline resume {run_id}")
-            if not leased:
-                held = self.keeper.held.get(run_id)
-                if held is not None and held.token == lease.token and held.lost is None:
-                    held.lost = (f"run {run_id} was taken over by another driver; this "
-                                 f"driver's token {lease.token} is stale, so its commit was "
-                                 "refused and nothing was written")
+            if not landed:
+                self._fenced(run_id, lease.token, "its commit was refused and nothing was "
+                             "written")
                 raise self._lost(lease)
             self._commit_mirror(mirror, scratch, seq, next_ord)
+            for row, ord_ in rows:
+                mirror.pending[row.key] = row
+                if ord_ >= 0:
+                    mirror.ords[row.key] = ord_
+            mirror.run_changed = mirror.run_changed or run_changed
+            mirror.records += len(records)
+            if mirror.records >= FOLD_RECORDS:
+                self._fold_wake.set()
+            self._start_folder()
+
+    def _fenced(self, run_id: str, token: int, what: str) -> None:
+        held = self.keeper.held.get(run_id)
+        if held is not None and held.token == token and held.lost is None:
+            held.lost = (f"run {run_id} was taken over by another driver; this driver's "
+                         f"token {token} is stale, so {what}")
+
+    # -- folding --------------------------------------------------------------------------
+    def _fold(self, mirror: Mirror, *, end: tuple[int, int] | None = None,
+              wait: bool = True) -> bool:
+        """Fold ``mirror``'s committed, unfolded commits into the tables (one statement).
+
+        Returns False if the lease is not this driver's any more (nothing written).
+        ``wait=False``: one try (connection errors leave the commits for later).
+        """
+        with self._flock:
+            with self._wlock:
+                if not mirror.records and end is None:
+                    return True
+                start, stop = mirror.folded, end or (mirror.token, mirror.seq)
+                rows = [(row, mirror.ords.get(key, -1)) for key, row in mirror.pending.items()]
+                run = copy.copy(mirror.view) if mirror.run_changed else None
+                taken = (mirror.pending, mirror.ords, mirror.run_changed, mirror.records)
+                mirror.pending, mirror.ords, mirror.run_changed, mirror.records = (
+                    {}, {}, False, 0)
+            sql, params = fold_params(mirror.view.run_id, mirror.token, start, stop, rows, run)
+
+            def attempt(retry: bool) -> bool:
+                row = self._folder_conn().execute(sql, params).fetchone()
+                return bool(row and row[0])
+
+            try:
+                if wait:
+                    ok = self.db.retrying(attempt, what=f"folding run {mirror.view.run_id}",
+                                          reset=self._reset_folder)
+                else:
+                    ok = attempt(False)
+            except Exception as exc:
+                with self._wlock:       # not folded: keep it for the next fold
+                    mirror.pending = {**taken[0], **mirror.pending}
+                    mirror.ords = {**taken[1], **mirror.ords}
+                    mirror.run_changed = mirror.run_changed or taken[2]
+                    mirror.records += taken[3]
+                if is_connection_error(exc):
+                    self._reset_folder()
+                    return True
+                raise
+            if not ok:
+                self._fenced(mirror.view.run_id, mirror.token, "it stopped")
+                return False
+            mirror.folded = stop
+            return True
+
+    def _start_folder(self) -> None:
+        if self._folder is None or not self._folder.is_alive():
+            self._folder = threading.Thread(target=self._fold_loop, daemon=True,
+                                            name="ledgerflow-pg-fold")
+            self._folder.start()
+
+    def _fold_loop(self) -> None:
+        """Fold every held run's commits every FOLD_INTERVAL (sooner when many wait)."""
+        while True:
+            self._fold_wake.wait(FOLD_INTERVAL)
+            self._fold_wake.clear()
+            with self._wlock:
+                mirrors = [m for m in self._mirrors.values() if m.records]
+                if not self._mirrors:
+                    self._folder = None
+                    return
+            for m in mirrors:
+                try:
+                    self._fold(m, wait=False)
+                except Exception:   # the fold at release reports what is still wrong
+                    log.warning("ledgerflow: background fold of run %s failed",
+                                m.view.run_id, exc_info=True)
+
+    def fold(self, run_id: str | None = None) -> None:
+        """Fold the runs this store drives now (all of them, or ``run_id``)."""
+        with self._wlock:
+            mirrors = [m for r, m in self._mirrors.items() if run_id in (None, r)]
+        for m in mirrors:
+            self._fold(m)
 
     def lease_lost(self, lease: Lease) -> str | None:
         """Why this process lost ``lease`` (None while it holds): the runner polls this."""
         return self.keeper.lost(lease.run_id, lease.token)
 
     def release(self, lease: Lease) -> None:
-        held = self.keeper.drop(lease.run_id)
         with self._wlock:
             mirror = self._mirrors.get(lease.run_id)
-            if mirror is not None and mirror.token == lease.token:
-                del self._mirrors[lease.run_id]
+            if mirror is None or mirror.token != lease.token:
+                mirror = None
             self._claimed.pop(lease.run_id, None)
+        lost = self.keeper.lost(lease.run_id, lease.token)
+        if mirror is not None and lost is None:
+            try:     # once, without waiting: what is left unfolded is folded by the next
+                self._fold(mirror, wait=False)   # driver, and read from the commits meanwhile
+            except Exception as exc:
+                log.warning("ledgerflow: could not fold run %s at release: %s",
+                            lease.run_id, exc)
+        held = self.keeper.drop(lease.run_id)
+        with self._wlock:
+            if mirror is not None:
+                self._mirrors.pop(lease.run_id, None)
             if held is None or held.token != lease.token or held.lost is not None:
                 return      # not ours any more: write nothing
             try:    # once, without waiting: an unreleased lease expires by itself
@@ -416,23 +604,39 @@ class PostgresStore:
         unexpired, pid, host, start = lease
         return bool(view.state in _ACTIVE and unexpired and not holder_gone(pid, host, start))
 
-    def get_run(self, run_id: str, *, tasks: bool = True, upstream: bool = True) -> RunView:
-        got = self._read(lambda con: queries.load_run(con, run_id, tasks=tasks,
-                                                      upstream=upstream),
-                         f"reading run {run_id}")
+    def _merged(self, con: Any, run_id: str, *, tasks: bool = True,
+                upstream: bool = True) -> tuple[RunView, list[AnyRecord]]:
+        """The run as committed: its rows plus its unfolded commits (and those records)."""
+        got = queries.load_run(con, run_id, tasks=tasks, upstream=upstream)
         if got is None:
             raise RunNotFoundError(f"no run {run_id!r} in {self.db.shown}")
         view, lease = got
+        tail = [r for _, _, rs in queries.tail(con, run_id) for r in rs]
+        if tail:
+            apply(view, tail)
+            if not tasks:
+                view.tasks = {}
         view.driver_alive = self._alive(view, lease)
-        return view  # type: ignore[no-any-return]
+        return view, tail
+
+    def get_run(self, run_id: str, *, tasks: bool = True, upstream: bool = True) -> RunView:
+        return self._read(  # type: ignore[no-any-return]
+            lambda con: self._merged(con, run_id, tasks=tasks, upstream=upstream)[0],
+            f"reading run {run_id}")
 
     def list_runs(self, limit: int = 50) -> list[RunView]:
-        out = []
-        for view, lease in self._read(lambda con: queries.list_runs(con, limit),
-                                      "listing runs"):
-            view.driver_alive = self._alive(view, lease)
-            out.append(view)
-        return out
+        def read(con: Any) -> list[RunView]:
+            out = []
+            for view, _ in queries.list_runs(con, limit):
+                if view.state in _ACTIVE:   # its last commits may not be folded yet
+                    view = self._merged(con, view.run_id, upstream=False)[0]
+                    view.task_counts = view.counts()
+                    view.tasks = {}
+                else:
+                    view.driver_alive = False
+                out.append(view)
+            return out
+        return self._read(read, "listing runs")  # type: ignore[no-any-return]
 
     def request_cancel(self, run_id: str) -> None:
         def send(con: Any) -> bool:
@@ -442,7 +646,7 @@ class PostgresStore:
                 "WHERE l.run_id = %s RETURNING run_id) "
                 f"SELECT pg_notify('{SIGNALS_CHANNEL}', run_id) FROM s", [run_id]).fetchone()
             return row is not None
-        if not self._read(send, f"cancelling run {run_id}"):
+        if not self._read(send, f"cancelling run {run_id}", snapshot=False):
             raise RunNotFoundError(f"no run {run_id!r} in {self.db.shown}")
         self.keeper.mark_cancel(run_id)
 
@@ -461,26 +665,29 @@ class PostgresStore:
         return self._read(  # type: ignore[no-any-return]
             lambda con: queries.cache_lookup(con, names, exclude_run), "reading the cache")
 
-    def _records(self, run_id: str, kind: type[R], **where: Any) -> list[R]:
-        def read(con: Any) -> list[R] | None:
+    def _records(self, run_id: str, kind: type[R], task_key: str | None = None,
+                 attempt: int | None = None) -> list[R]:
+        def read(con: Any) -> list[R]:
             if not queries.has_run(con, run_id):
-                return None
-            return queries.record_rows(con, run_id, kind, **where)
-        rows = self._read(read, f"reading run {run_id}")
-        if rows is None:
-            raise RunNotFoundError(f"no run {run_id!r} in {self.db.shown}")
-        return rows  # type: ignore[no-any-return]
+                raise RunNotFoundError(f"no run {run_id!r} in {self.db.shown}")
+            rows: list[R] = queries.record_rows(con, run_id, kind, task_key=task_key,
+                                                attempt=attempt)
+            for _, _, rs in queries.tail(con, run_id):
+                for r in rs:
+                    if type(r) is kind and (task_key is None or getattr(
+                            r, "task_key", None) == task_key) and (
+                            attempt is None or getattr(r, "attempt", None) == attempt):
+                        rows.append(r)
+            return rows
+        return self._read(read, f"reading run {run_id}")  # type: ignore[no-any-return]
 
     def lineage(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
-        def read(con: Any) -> Any:
-            got = queries.load_run(con, run_id)
-            if got is None:
-                return None
-            return got[0], queries.record_rows(con, run_id, ArtifactRecorded)
-        got = self._read(read, f"reading run {run_id}")
-        if got is None:
-            raise RunNotFoundError(f"no run {run_id!r} in {self.db.shown}")
-        return lineage_rows(got[0], got[1], task_key)
+        def read(con: Any) -> list[dict[str, Any]]:
+            view, tail = self._merged(con, run_id)
+            arts = queries.record_rows(con, run_id, ArtifactRecorded)
+            arts += [r for r in tail if type(r) is ArtifactRecorded]
+            return lineage_rows(view, arts, task_key)
+        return self._read(read, f"reading run {run_id}")  # type: ignore[no-any-return]
 
     def notices(self, run_id: str) -> list[dict[str, Any]]:
         return [notice_dict(r) for r in self._records(run_id, Notice)]
@@ -503,6 +710,8 @@ class PostgresStore:
         self.keeper.close()
         with self._wlock:
             self._reset_writer()
+        with self._flock:
+            self._reset_folder()
         with self._pool_lock:
             pool, self._pool = self._pool, None
         if pool is not None:

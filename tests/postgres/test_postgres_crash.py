@@ -43,6 +43,16 @@ def q(url: str, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
         return con.execute(sql, params).fetchall()
 
 
+def status(url: str, run_id: str) -> Any:
+    """The run as any reader sees it (tables plus commits not folded yet)."""
+    from ledgerflow_postgres import PostgresStore
+    st = PostgresStore(url, wait=30)
+    try:
+        return st.get_run(run_id)
+    finally:
+        st.close()
+
+
 def env_for(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGERFLOW_")}
     env.update(PYTHONUNBUFFERED="1", LEDGERFLOW_BLOB_DIR=str(tmp_path / "blobs"),
@@ -104,8 +114,8 @@ def test_database_stopped_mid_run_loses_nothing_and_applies_nothing_twice(
                           or proc.poll() is not None, 120)
         assert proc.poll() is None, "the run ended before the database could be stopped"
         # what the ledger holds as committed right now: it must all survive
-        committed = dict(q(pg_url, "SELECT task_key, result_hash FROM tasks WHERE run_id = "
-                                   "%s AND state = 'succeeded'", [run_id]))
+        committed = {k: t.result_hash for k, t in status(pg_url, run_id).tasks.items()
+                     if t.state == "succeeded"}
         assert any(k.startswith("embed[") for k in committed)
         pg_server.stop("immediate")          # a crash of the server, mid-transaction maybe
         time.sleep(3)
@@ -229,8 +239,8 @@ def test_a_frozen_driver_finds_its_token_stale_and_exits_without_writing(
         run_id = a.stdout.readline().split()[1]
         # frozen once 0 and 1 are committed and 2 and 3 run (hanging)
         assert wait_until(lambda: len([e for e in effects(side) if e[0] == "start"]) >= 4
-                          and q(pg_url, "SELECT count(*) FROM tasks WHERE run_id = %s AND "
-                                "state = 'succeeded'", [run_id]) == [(2,)], 60), effects(side)
+                          and status(pg_url, run_id).counts().get("succeeded") == 2, 60), \
+            effects(side)
         a.send_signal(signal.SIGSTOP)
         frozen_at = effects(side)
         assert sorted(e[1] for e in frozen_at if e[0] == "done") == ["work[0]", "work[1]"]
@@ -337,7 +347,7 @@ def test_two_workers_drive_each_submitted_run_once_and_take_over_a_killed_one(
                              env=env, capture_output=True, text=True, timeout=60, check=True
                              ).stdout.strip()
     assert wait_until(lambda: any(w == "done" for w, _, _ in effects(side, long_id)), 60)
-    (victim_pid,) = q(pg_url, "SELECT driver_pid FROM runs WHERE run_id = %s", [long_id])[0]
+    victim_pid = status(pg_url, long_id).driver_pid
     victim = next(w for w in workers if w.pid == victim_pid)
     survivor = next(w for w in workers if w.pid != victim_pid)
     victim.send_signal(signal.SIGKILL)

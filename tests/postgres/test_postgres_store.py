@@ -21,11 +21,17 @@ from ledgerflow.context import TaskCancelled
 from ledgerflow.control import submit
 from ledgerflow.errors import LeaseLostError, NotResumableError, StoreError
 from ledgerflow.launch import settings_for, store_for
-from ledgerflow.records import AttemptEnded, ResultRecorded, RunStateChanged, Transition
+from ledgerflow.records import (
+    AttemptEnded,
+    ResultRecorded,
+    RunStateChanged,
+    Transition,
+    encode_line,
+)
 from ledgerflow.testing.stores import run_records, started
 from ledgerflow_postgres import PostgresStore
 from ledgerflow_postgres.connection import StoreUnavailableError
-from ledgerflow_postgres.sql import commit_params
+from ledgerflow_postgres.sql import COMMIT_SQL, commit_params
 
 from .pgserver import free_port
 
@@ -56,7 +62,7 @@ class Flaky:
         return getattr(self.con, name)
 
     def execute(self, sql: str, params: Any = None) -> Any:
-        if not self.broke and sql.startswith("WITH lease AS"):
+        if not self.broke and "INSERT INTO commits" in sql:
             self.broke = True
             if self.after:
                 self.con.execute(sql, params)
@@ -76,10 +82,12 @@ def test_a_commit_retried_after_a_lost_connection_is_applied_once(
         store.append(lease, started("a", now))
     assert "unreachable while committing to run r" in caplog.text
     assert "is back after" in caplog.text
-    assert rows(pg_url, "SELECT seq, to_state FROM events ORDER BY id") == [
-        (1, "pending"), (2, "ready"), (3, "running")]
     assert rows(pg_url, "SELECT token, seq, records FROM commits ORDER BY seq") == [
         (1, 1, 3), (1, 2, 4)]
+    assert store.get_run("r").tasks["a"].state == "running"     # read before the fold
+    store.fold()
+    assert rows(pg_url, "SELECT seq, to_state FROM events ORDER BY seq") == [
+        (1, "pending"), (2, "ready"), (3, "running")]
     # and the next commit goes on from there
     store.append(lease, [AttemptEnded("a", 1, "ok", now, now, "", "", ""),
                          ResultRecorded("a", 1, "fp", "h", "json", "1", None, 1, None),
@@ -91,15 +99,14 @@ def test_a_commit_retried_after_a_lost_connection_is_applied_once(
 
 def test_the_same_commit_sent_twice_writes_once(store: PostgresStore, pg_url: str) -> None:
     lease = store.create_run("r", run_records("r"))
-    view = store._mirrors["r"].view
-    sql, params = commit_params("r", 1, 2, started("a", time.time()), [], None)
+    recs = started("a", time.time())
+    params = commit_params("r", 1, 2, encode_line(recs)[:-1], len(recs))
     with psycopg.connect(pg_url, autocommit=True) as con:
-        first = con.execute(sql, params).fetchone()
-        again = con.execute(sql, params).fetchone()
-        stale = con.execute(sql, {**params, "token": 7, "seq": 3}).fetchone()
-    assert (first, again, stale) == ((1, 1), (1, 0), (0, 0))
-    assert rows(pg_url, "SELECT count(*) FROM events") == [(3,)]
-    assert view.run_id == "r"
+        first = con.execute(COMMIT_SQL, params).fetchone()
+        again = con.execute(COMMIT_SQL, params).fetchone()
+        stale = con.execute(COMMIT_SQL, {**params, "token": 7, "seq": 3}).fetchone()
+    assert (first, again, stale) == ((1,), None, None)
+    assert rows(pg_url, "SELECT token, seq FROM commits ORDER BY seq") == [(1, 1), (1, 2)]
     store.release(lease)
 
 
@@ -332,3 +339,49 @@ def test_reads_from_threads_while_a_run_commits(pg_url: str) -> None:
     assert run.wait(60) == "succeeded"
     t.join()
     assert seen and set(seen) <= {"running", "succeeded"}
+
+
+def test_unfolded_commits_are_read_and_a_takeover_folds_them(pg_url: str,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    """A driver dies before its commits were folded into the tables: readers see them
+    anyway (tables + commits), and the driver that takes over folds them."""
+    from ledgerflow.projection import apply
+    from ledgerflow.views import RunView
+    old = PostgresStore(pg_url, lease_ttl=30, wait=5)
+    monkeypatch.setattr(old, "_start_folder", lambda: None)     # it dies before any fold
+    lease = old.create_run("r", run_records("r"))
+    now = time.time()
+    commits = [started("a", now),
+               [AttemptEnded("a", 1, "ok", now, now + 1, "", "", ""),
+                ResultRecorded("a", 1, "fp", "h", "json", "1", None, 1, None),
+                Transition(4, "a", 1, "running", "succeeded", "", now + 1)],
+               started("b", now + 2, seq=5)]
+    for c in commits:
+        old.append(lease, c)
+    assert rows(pg_url, "SELECT count(*) FROM events") == [(0,)]     # nothing folded
+    reader = PostgresStore(pg_url, wait=5)
+    expected = apply(RunView("r"), [*run_records("r"), *(r for c in commits for r in c)])
+    got = reader.get_run("r")
+    assert {k: (t.state, t.attempts, t.result_hash) for k, t in got.tasks.items()} == {
+        "a": ("succeeded", 1, "h"), "b": ("running", 1, None)}
+    assert got.max_seq == expected.max_seq == 7
+    assert [a["outcome"] for a in reader.attempts("r")] == ["ok"]
+    assert reader.list_runs()[0].counts() == {"succeeded": 1, "running": 1}
+    # the driver is gone (its lease expired); another takes over and folds its commits
+    rows(pg_url, "UPDATE leases SET expires_at = now() - interval '1 second' RETURNING 1")
+    new = PostgresStore(pg_url, lease_ttl=30, wait=5)
+    try:
+        taken = new.take_over("r")
+        assert rows(pg_url, "SELECT count(*), count(DISTINCT seq) FROM events") == [(7, 7)]
+        table = {k: (s, a, h) for k, s, a, h in rows(
+            pg_url, "SELECT task_key, state, attempts, result_hash FROM tasks")}
+        assert table == {k: (t.state, t.attempts, t.result_hash)
+                         for k, t in expected.tasks.items()}
+        assert rows(pg_url, "SELECT max_seq, token FROM runs") == [(7, 1)]
+        new.release(taken)
+    finally:
+        new.close()
+        reader.close()
+        monkeypatch.undo()
+        old.close()
