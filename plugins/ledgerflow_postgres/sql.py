@@ -109,7 +109,7 @@ def _upsert_cte(name: str, table: str, cols: Sequence[str], hints: dict[str, Any
     run_v = "%(run)s, " if prefix else ""
     return (f"{name} AS (INSERT INTO {table} ({prefix}{_quoted(all_cols)}) "
             f"SELECT {run_v}{', '.join(all_vals)} "
-            f"FROM lease, jsonb_array_elements(%({param})s::jsonb) AS x(r) "
+            f"FROM gate, jsonb_array_elements(%({param})s::jsonb) AS x(r) "
             f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {sets})")
 
 
@@ -120,13 +120,20 @@ def _hints(cls: type) -> dict[str, Any]:
 
 @functools.cache
 def fold_sql(tasks: bool, run: bool) -> str:
-    """The one statement of a fold of commits ``(from_token, from_seq) < (token, seq) <=
-    (to_token, to_seq)``; its result is 1 if the lease still holds (else nothing is done)."""
+    """The one statement of a fold of commits ``(ft, fs) < (token, seq) <= (tt, ts)``.
+
+    Its result is 1 if it was applied: the lease is still the driver's and the
+    run is folded up to exactly ``(ft, fs)``; else nothing is written.
+    """
     ctes = [
         "lease AS (SELECT run_id FROM leases WHERE run_id = %(run)s AND token = %(token)s "
         "FOR SHARE)",
+        # compare-and-set on the fold position: a fold sent again (its outcome unknown
+        # after a lost connection) or raced finds it moved and writes nothing
+        "gate AS (SELECT f.run_id FROM folds f, lease WHERE f.run_id = %(run)s "
+        "AND f.token = %(ft)s AND f.seq = %(fs)s FOR UPDATE OF f)",
         "raw AS MATERIALIZED (SELECT c.run_id, c.token, c.seq, x.i, x.r "
-        "FROM lease, commits c, jsonb_array_elements(c.body::jsonb) WITH ORDINALITY AS x(r, i) "
+        "FROM gate, commits c, jsonb_array_elements(c.body::jsonb) WITH ORDINALITY AS x(r, i) "
         # row comparisons on a prefix of the primary key: an index range scan
         "WHERE c.run_id = %(run)s AND (c.run_id, c.token, c.seq) > (%(run)s, %(ft)s, %(fs)s) "
         "AND (c.run_id, c.token, c.seq) <= (%(run)s, %(tt)s, %(ts)s))",
@@ -141,10 +148,9 @@ def fold_sql(tasks: bool, run: bool) -> str:
     if run:
         ctes.append(_upsert_cte("ru", "runs", RUN_FIELDS, _hints(RunView), ("run_id",), (),
                                 "run_row"))
-    ctes.append("fo AS (INSERT INTO folds (run_id, token, seq) SELECT run_id, %(tt)s, %(ts)s "
-                "FROM lease ON CONFLICT (run_id) DO UPDATE SET token = EXCLUDED.token, "
-                "seq = EXCLUDED.seq, at = now())")
-    return "WITH " + ",\n".join(ctes) + "\nSELECT count(*) FROM lease"
+    ctes.append("fo AS (UPDATE folds f SET token = %(tt)s, seq = %(ts)s, at = now() "
+                "FROM gate WHERE f.run_id = gate.run_id)")
+    return "WITH " + ",\n".join(ctes) + "\nSELECT count(*) FROM gate"
 
 
 def commit_params(run_id: str, token: int, seq: int, body: bytes, n: int) -> dict[str, Any]:

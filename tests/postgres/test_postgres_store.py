@@ -51,18 +51,18 @@ def store(pg_url: str) -> Any:
 
 
 class Flaky:
-    """A connection that breaks once around the group-commit statement, like a server
-    stopped mid-commit: ``after=True`` breaks after the statement ran (the client cannot
+    """A connection that breaks once around a statement (the group commit by default),
+    like a server stopped mid-commit: ``after=True`` breaks after the statement ran (the client cannot
     tell that it landed), ``after=False`` before it reached the server."""
 
-    def __init__(self, con: Any, after: bool) -> None:
-        self.con, self.after, self.broke = con, after, False
+    def __init__(self, con: Any, after: bool, marker: str = "INSERT INTO commits") -> None:
+        self.con, self.after, self.broke, self.marker = con, after, False, marker
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.con, name)
 
     def execute(self, sql: str, params: Any = None) -> Any:
-        if not self.broke and "INSERT INTO commits" in sql:
+        if not self.broke and self.marker in sql:
             self.broke = True
             if self.after:
                 self.con.execute(sql, params)
@@ -385,3 +385,20 @@ def test_unfolded_commits_are_read_and_a_takeover_folds_them(pg_url: str,
         reader.close()
         monkeypatch.undo()
         old.close()
+
+
+@pytest.mark.parametrize("after", [True, False], ids=["landed", "not-landed"])
+def test_a_fold_retried_after_a_lost_connection_is_applied_once(
+        store: PostgresStore, pg_url: str, after: bool,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store, "_start_folder", lambda: None)    # folds only when told
+    lease = store.create_run("r", run_records("r"))
+    store.append(lease, started("a", time.time()))
+    store._fconn = Flaky(store._folder_conn(), after, marker="UPDATE folds f SET")
+    store.fold()       # breaks once, waits, checks the fold position, goes on
+    store.append(lease, [Transition(4, "a", 1, "running", "succeeded", "", time.time())])
+    store.fold()
+    assert rows(pg_url, "SELECT seq FROM events ORDER BY seq") == [(1,), (2,), (3,), (4,)]
+    assert rows(pg_url, "SELECT state FROM tasks") == [("succeeded",)]
+    assert rows(pg_url, "SELECT token, seq FROM folds") == [(1, 3)]
+    store.release(lease)
