@@ -165,14 +165,20 @@ def test_database_stopped_mid_run_loses_nothing_and_applies_nothing_twice(
     finally:
         con.close()
     sys.path[:0] = [str(RECIPE_DIR), str(RECIPE_TESTS)]
+    import doc_index_testutil as util
+
+    import ledgerflow_embed
+    from ledgerflow.plugins import get_plugin_manager
+    plugin = util.register_slow_hashing()
     try:
-        import doc_index_testutil as util
-        util.register_slow_hashing()
         ref = tmp_path / "reference.duckdb"
         util.build_locally(corpus, ref, embedder="slow-hashing")
         assert got == util.rows(ref)
-    finally:
+    finally:        # leave this process's plugins as they were
         del sys.path[:2]
+        if get_plugin_manager().is_registered(plugin):
+            get_plugin_manager().unregister(plugin)
+        ledgerflow_embed.clear_cache()
 
 
 def _up(server: PgServer) -> bool:

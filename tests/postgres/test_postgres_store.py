@@ -402,3 +402,15 @@ def test_a_fold_retried_after_a_lost_connection_is_applied_once(
     assert rows(pg_url, "SELECT state FROM tasks") == [("succeeded",)]
     assert rows(pg_url, "SELECT token, seq FROM folds") == [(1, 3)]
     store.release(lease)
+
+
+def test_a_postgresql_url_selects_the_postgres_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ledgerflow.config import Settings
+    assert settings_for("postgresql://db/ledger").store_kind == "postgres"
+    assert settings_for("postgres://db/ledger").store_kind == "postgres"
+    assert settings_for("ledger.duckdb").store_kind == "duckdb"
+    monkeypatch.setenv("LEDGERFLOW_STORE", "postgresql://db/ledger")
+    assert Settings.from_env().store_kind == "postgres"
+    assert settings_for().store == "postgresql://db/ledger"
+    monkeypatch.setenv("LEDGERFLOW_STORE_KIND", "duckdb")       # an explicit kind wins
+    assert Settings.from_env().store_kind == "duckdb"
