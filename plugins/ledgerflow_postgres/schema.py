@@ -108,6 +108,15 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
 ]
 
 
+#: Statements that make the ledger faster where the server supports them (each is
+#: tried in a savepoint; a server built without lz4 keeps the default compression).
+OPTIONAL: list[str] = [
+    # commits of more than ~2 KB are compressed: lz4 is several times cheaper than
+    # pglz, and most commits then stay in the row instead of the TOAST table
+    "ALTER TABLE commits ALTER COLUMN body SET COMPRESSION lz4",
+]
+
+
 def check(con: Any, location: str) -> int:
     """Return the schema version of the database (0: no ledger tables yet).
 
@@ -149,4 +158,10 @@ def migrate(con: Any, location: str) -> int:
             con.execute("INSERT INTO meta VALUES ('schema_version', %s) ON CONFLICT (key) "
                         "DO UPDATE SET value = EXCLUDED.value", [str(target)])
             version = target
+        for sql in OPTIONAL:
+            try:
+                with con.transaction():     # a savepoint
+                    con.execute(sql)
+            except Exception:  # an optional speed-up the server does not have
+                pass
     return version
