@@ -414,3 +414,15 @@ def test_a_postgresql_url_selects_the_postgres_store(monkeypatch: pytest.MonkeyP
     assert settings_for().store == "postgresql://db/ledger"
     monkeypatch.setenv("LEDGERFLOW_STORE_KIND", "duckdb")       # an explicit kind wins
     assert Settings.from_env().store_kind == "duckdb"
+
+
+def test_a_submitted_run_cancelled_before_a_worker_took_it_is_never_claimed(
+        pg_url: str) -> None:
+    run_id = submit(sums, params={"n": 2}, store=pg_url)
+    ledgerflow.cancel(run_id, store=pg_url)
+    assert ledgerflow.get_run(run_id, store=pg_url).status().state == "cancelled"
+    st = PostgresStore(pg_url, wait=5)
+    try:
+        assert st.claim() is None
+    finally:
+        st.close()
