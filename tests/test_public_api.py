@@ -26,7 +26,7 @@ def test_all_is_sorted_and_complete() -> None:
 def test_strict_typing() -> None:
     res = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--ignore-missing-imports",
                           "sdk/ledgerflow", "plugins/ledgerflow_executors",
-                          "plugins/ledgerflow_stores"], cwd=ROOT, capture_output=True,
+                          "plugins/ledgerflow_stores", "plugins/ledgerflow_agents"], cwd=ROOT, capture_output=True,
                          text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
 

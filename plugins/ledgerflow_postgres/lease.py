@@ -6,7 +6,8 @@ machines with different clocks agree. :class:`Keeper` is one thread per
 store with its own connection: it renews every held lease every third of
 its time to live, listens for ``NOTIFY ledgerflow_signals`` and also polls
 the ``signals`` table every second (notifications sent while it was
-disconnected are lost).
+disconnected are lost): cancel requests and approval decisions, which the
+runner then reads from memory.
 
 Self-fencing. A lease counts as lost locally once the driver has gone
 ``ttl`` (less a small margin) since it *sent* its last successful renewal,
@@ -20,12 +21,13 @@ commits and the runner stops (``ledgerflow.runner.Runner._check_lease``).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .connection import Database, is_connection_error
@@ -76,6 +78,7 @@ class Held:
     next_renew: float
     lost: str | None = None
     cancel: bool = False
+    decisions: dict[str, dict[str, Any]] = field(default_factory=dict)   # by digest
 
 
 class Keeper:
@@ -130,6 +133,16 @@ class Keeper:
         if h is not None:
             h.cancel = True
 
+    def decisions(self, run_id: str) -> list[dict[str, Any]] | None:
+        """Approval decisions signalled for a held run (None: not held here)."""
+        h = self.held.get(run_id)
+        return None if h is None else list(h.decisions.values())
+
+    def add_decision(self, run_id: str, doc: dict[str, Any]) -> None:
+        h = self.held.get(run_id)
+        if h is not None:
+            h.decisions.setdefault(doc["digest"], doc)
+
     def close(self) -> None:
         """Stop the thread (leases are not released: the store does that)."""
         self._stop.set()     # the thread closes its connection within half a second
@@ -165,9 +178,11 @@ class Keeper:
                 due = min([h.next_renew for h in self.held.values() if h.lost is None]
                           + [next_poll])
                 timeout = max(0.01, min(0.5, due - time.monotonic()))
-                for note in self._conn.notifies(timeout=timeout, stop_after=1):
-                    if note.payload in self.held:
-                        self._poll()
+                # no query while the generator holds the connection: collect, then poll
+                notes = list(self._conn.notifies(timeout=timeout, stop_after=1))
+                if any(n.payload in self.held for n in notes):
+                    self._poll()
+                    next_poll = time.monotonic() + SIGNAL_POLL
             except Exception as exc:
                 if not is_connection_error(exc):
                     log.warning("ledgerflow: lease keeper error: %s", exc, exc_info=True)
@@ -201,9 +216,14 @@ class Keeper:
         if not runs:
             return
         rows = self._conn.execute(
-            "SELECT run_id, max(token) FROM signals WHERE run_id = ANY(%s) "
-            "AND kind = 'cancel' GROUP BY run_id", [runs]).fetchall()
-        for run_id, token in rows:
+            "SELECT run_id, kind, token, payload FROM signals WHERE run_id = ANY(%s) "
+            "AND kind IN ('cancel', 'decision') ORDER BY id", [runs]).fetchall()
+        for run_id, kind, token, payload in rows:
             h = self.held.get(run_id)
-            if h is not None and token is not None and token >= h.token:
+            if h is None:
+                continue
+            if kind == "cancel" and token is not None and token >= h.token:
                 h.cancel = True
+            elif kind == "decision" and payload:
+                doc = json.loads(payload)
+                h.decisions.setdefault(doc["digest"], doc)

@@ -12,13 +12,17 @@ from typing import Any
 
 from ledgerflow.records import (
     AnyRecord,
+    ApprovalDecided,
+    ApprovalRequested,
     ArtifactRecorded,
     AttemptEnded,
     LogRecorded,
     Notice,
     Record,
+    StepRecorded,
     columns,
     decode_line,
+    field_types,
 )
 from ledgerflow.store import CacheHit
 from ledgerflow.views import RunView, TaskRow
@@ -57,12 +61,17 @@ def load_run(con: Any, run_id: str, *, tasks: bool = True,
 
 def tail(con: Any, run_id: str) -> list[tuple[int, int, list[AnyRecord]]]:
     """The run's commits not folded into the tables yet: ``(token, seq, records)``, in order."""
-    token, seq = folded_to(con, run_id)
+    return tail_from(con, run_id, folded_to(con, run_id))
+
+
+def tail_from(con: Any, run_id: str, after: tuple[int, int]
+              ) -> list[tuple[int, int, list[AnyRecord]]]:
+    """The run's commits after ``(token, seq)``, in order."""
     # a row comparison on a prefix of the primary key: an index range scan
     rows = con.execute(
         "SELECT token, seq, body FROM commits WHERE run_id = %s "
         "AND (run_id, token, seq) > (%s, %s, %s) ORDER BY token, seq",
-        [run_id, run_id, token, seq]).fetchall()
+        [run_id, run_id, *after]).fetchall()
     return [(t, s, decode_line(body.encode())) for t, s, body in rows]
 
 
@@ -123,7 +132,15 @@ def _select(kind: type[Record]) -> str:
 
 
 _RECORD_SQL: dict[type[Record], str] = {
-    kind: _select(kind) for kind in (AttemptEnded, ArtifactRecorded, Notice, LogRecorded)}
+    kind: _select(kind) for kind in (AttemptEnded, ArtifactRecorded, Notice, LogRecorded,
+                                     ApprovalRequested, ApprovalDecided, StepRecorded)}
+
+
+def _json_fields(kind: type[Record]) -> list[int]:
+    """Positions of the fields kept as JSON text (dicts)."""
+    hints = field_types(kind)
+    return [i for i, c in enumerate(columns(kind))
+            if (getattr(hints[c], "__origin__", None) or hints[c]) is dict]
 
 
 def record_rows(con: Any, run_id: str, kind: type[Record], *, task_key: str | None = None,
@@ -138,9 +155,11 @@ def record_rows(con: Any, run_id: str, kind: type[Record], *, task_key: str | No
         sql += " AND attempt = %s"
         params.append(attempt)
     out = []
+    as_json = _json_fields(kind)
     for row in con.execute(sql + " ORDER BY id", params):
-        if kind is ArtifactRecorded:
-            attrs = row[5]
-            row = (*row[:5], json.loads(attrs) if isinstance(attrs, str) else (attrs or {}))
+        if as_json:
+            row = list(row)
+            for i in as_json:
+                row[i] = json.loads(row[i]) if isinstance(row[i], str) else (row[i] or {})
         out.append(kind(*row))
     return out

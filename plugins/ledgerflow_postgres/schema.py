@@ -2,14 +2,15 @@
 
 The tables and the ``lineage`` view have the names and columns of the
 DuckDB store's (``runs``, ``tasks``, ``events``, ``attempts``, ``results``,
-``artifacts``, ``notices``, ``logs``), so users' SQL works on either. Added
+``artifacts``, ``notices``, ``logs``, ``approval_requests``, ``approval_decisions``,
+``steps``; views ``lineage``, ``approvals``), so users' SQL works on either. Added
 here: ``id`` identity columns giving the append-only tables their order
 (DuckDB's ``rowid``), ``tasks.ord`` (creation order), ``leases`` (who
 drives a run, until when, on the server's clock), ``commits`` (the journal:
 one row per group commit with its records, keyed by run, token and
 sequence, which makes a retried commit a no-op), ``folds`` (how far each
-run's commits are folded into the tables) and ``signals`` (cancel requests;
-approval decisions later). There is no ``journal_damage``: a commit is one
+run's commits are folded into the tables) and ``signals`` (cancel requests
+and approval decisions from any process). There is no ``journal_damage``: a commit is one
 row, written whole or not at all.
 
 Each migration runs in one transaction under an advisory lock, so two
@@ -70,6 +71,29 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         f"""CREATE TABLE logs({_APPEND}, run_id TEXT NOT NULL, task_key TEXT,
             attempt INTEGER, stream TEXT, text TEXT, dropped BIGINT, token INTEGER)""",
         "CREATE INDEX logs_run ON logs(run_id, task_key, attempt)",
+        # approval gates: requests, decisions journaled by drivers, each request's state
+        f"""CREATE TABLE approval_requests({_APPEND}, run_id TEXT NOT NULL, task_key TEXT,
+            attempt INTEGER, digest TEXT, action TEXT, summary TEXT, inputs TEXT,
+            requested_at DOUBLE PRECISION, deadline DOUBLE PRECISION, on_timeout TEXT,
+            approvers TEXT[], note TEXT)""",
+        "CREATE INDEX approval_requests_run ON approval_requests(run_id, id)",
+        f"""CREATE TABLE approval_decisions({_APPEND}, run_id TEXT NOT NULL, task_key TEXT,
+            digest TEXT, decision TEXT, decided_by TEXT, reason TEXT,
+            decided_at DOUBLE PRECISION)""",
+        "CREATE INDEX approval_decisions_run ON approval_decisions(run_id, id)",
+        """CREATE VIEW approvals AS
+            SELECT r.run_id, r.task_key, r.attempt, r.digest, r.action, r.summary, r.inputs,
+                   r.requested_at, r.deadline, r.on_timeout, r.approvers, r.note,
+                   coalesce(d.decision, 'pending') AS state, d.decided_by, d.reason,
+                   d.decided_at
+            FROM approval_requests r LEFT JOIN (
+                SELECT DISTINCT ON (run_id, task_key, digest) * FROM approval_decisions
+                ORDER BY run_id, task_key, digest, decided_at) d
+            USING (run_id, task_key, digest)""",
+        # results of steps tasks recorded (context().step), replayed on re-runs
+        f"""CREATE TABLE steps({_APPEND}, run_id TEXT NOT NULL, task_key TEXT,
+            attempt INTEGER, name TEXT, kind TEXT, data TEXT, content_hash TEXT)""",
+        "CREATE INDEX steps_run ON steps(run_id, task_key)",
         # who drives a run: the token fences older drivers; times are the server's
         """CREATE TABLE leases(run_id TEXT PRIMARY KEY, token INTEGER NOT NULL,
             pid INTEGER, host TEXT, pid_start TEXT,
@@ -84,12 +108,14 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         # how far each run's commits are folded into the tables above
         """CREATE TABLE folds(run_id TEXT PRIMARY KEY, token INTEGER NOT NULL,
             seq BIGINT NOT NULL, at TIMESTAMPTZ NOT NULL DEFAULT now())""",
-        # requests to a run's driver from any process: kind 'cancel' now; approval
-        # decisions (issue 15) go here as kind 'approve' / 'reject' with task_key, payload
+        # requests to a run's driver from any process: 'cancel', and 'decision' (an
+        # approval decision: one per request digest, the first wins; payload its JSON)
         f"""CREATE TABLE signals({_APPEND}, run_id TEXT NOT NULL, kind TEXT NOT NULL,
-            task_key TEXT, payload TEXT, token INTEGER,
+            task_key TEXT, digest TEXT, payload TEXT, token INTEGER,
             at TIMESTAMPTZ NOT NULL DEFAULT now())""",
         "CREATE INDEX signals_run ON signals(run_id, kind)",
+        "CREATE UNIQUE INDEX signals_decision ON signals(run_id, digest) "
+        "WHERE kind = 'decision'",
         """CREATE VIEW lineage AS
             SELECT t.run_id, t.task_key, t.result_attempt AS attempt, 'input' AS direction,
                    'task:' || ut.task_key AS uri, ut.result_hash AS content_hash,

@@ -32,6 +32,7 @@ every third of that; a driver that cannot renew in time stops itself.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import threading
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ledgerflow.errors import (
+    ApprovalConflictError,
     LeaseLostError,
     NotResumableError,
     RunNotFoundError,
@@ -51,6 +53,8 @@ from ledgerflow.errors import (
 from ledgerflow.projection import apply
 from ledgerflow.records import (
     AnyRecord,
+    ApprovalDecided,
+    ApprovalRequested,
     ArtifactRecorded,
     AttemptEnded,
     LogRecorded,
@@ -58,6 +62,7 @@ from ledgerflow.records import (
     Record,
     ResultRecorded,
     RunDefined,
+    StepRecorded,
     TaskCreated,
     Transition,
     encode_line,
@@ -65,7 +70,17 @@ from ledgerflow.records import (
 from ledgerflow.results import Encoded
 from ledgerflow.states import RUN_ACTIVE
 from ledgerflow.store import CacheHit, Lease
-from ledgerflow.views import RunView, TaskRow, attempt_dict, lineage_rows, log_dict, notice_dict
+from ledgerflow.views import (
+    RunView,
+    TaskRow,
+    approval_rows,
+    attempt_dict,
+    decision_dict,
+    lineage_rows,
+    log_dict,
+    notice_dict,
+    step_dict,
+)
 
 from . import queries, schema
 from .blobs import Blobs, default_root
@@ -342,15 +357,7 @@ class PostgresStore:
         view, in_tables, next_ord, folded, tail = self._read(load, f"loading run {run_id}")
         mirror = Mirror(token, view, 0, next_ord, folded)
         if tail:
-            touched = {r.task_key for _, _, rs in tail for r in rs
-                       if type(r) in _ROW_KINDS}
-            mirror.pending = {k: view.tasks[k] for k in touched}
-            for k in view.tasks:        # the tail's new tasks, in creation order
-                if k in touched and k not in in_tables:
-                    mirror.ords[k] = mirror.next_ord
-                    mirror.next_ord += 1
-            mirror.run_changed = True
-            mirror.records = sum(len(rs) for _, _, rs in tail)
+            self._stage_tail(mirror, tail, in_tables)
             if not self._fold(mirror, end=(tail[-1][0], tail[-1][1])):
                 raise LeaseLostError(f"lease lost: run {run_id} was taken over while this "
                                      "driver took it over")
@@ -570,13 +577,6 @@ class PostgresStore:
                     log.warning("ledgerflow: background fold of run %s failed",
                                 m.view.run_id, exc_info=True)
 
-    def fold(self, run_id: str | None = None) -> None:
-        """Fold the runs this store drives now (all of them, or ``run_id``)."""
-        with self._wlock:
-            mirrors = [m for r, m in self._mirrors.items() if run_id in (None, r)]
-        for m in mirrors:
-            self._fold(m)
-
     def lease_lost(self, lease: Lease) -> str | None:
         """Why this process lost ``lease`` (None while it holds): the runner polls this."""
         return self.keeper.lost(lease.run_id, lease.token)
@@ -692,20 +692,26 @@ class PostgresStore:
         return self._read(  # type: ignore[no-any-return]
             lambda con: queries.cache_lookup(con, names, exclude_run), "reading the cache")
 
+    @staticmethod
+    def _kind_rows(con: Any, run_id: str, kind: type[R], task_key: str | None = None,
+                   attempt: int | None = None) -> list[R]:
+        """The rows of an append-only kind: folded ones, then the unfolded commits'."""
+        rows: list[R] = queries.record_rows(con, run_id, kind, task_key=task_key,
+                                            attempt=attempt)
+        for _, _, rs in queries.tail(con, run_id):
+            for r in rs:
+                if type(r) is kind and (task_key is None or getattr(
+                        r, "task_key", None) == task_key) and (
+                        attempt is None or getattr(r, "attempt", None) == attempt):
+                    rows.append(r)
+        return rows
+
     def _records(self, run_id: str, kind: type[R], task_key: str | None = None,
                  attempt: int | None = None) -> list[R]:
         def read(con: Any) -> list[R]:
             if not queries.has_run(con, run_id):
                 raise RunNotFoundError(f"no run {run_id!r} in {self.db.shown}")
-            rows: list[R] = queries.record_rows(con, run_id, kind, task_key=task_key,
-                                                attempt=attempt)
-            for _, _, rs in queries.tail(con, run_id):
-                for r in rs:
-                    if type(r) is kind and (task_key is None or getattr(
-                            r, "task_key", None) == task_key) and (
-                            attempt is None or getattr(r, "attempt", None) == attempt):
-                        rows.append(r)
-            return rows
+            return self._kind_rows(con, run_id, kind, task_key, attempt)
         return self._read(read, f"reading run {run_id}")  # type: ignore[no-any-return]
 
     def lineage(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
@@ -713,7 +719,9 @@ class PostgresStore:
             view, tail = self._merged(con, run_id)
             arts = queries.record_rows(con, run_id, ArtifactRecorded)
             arts += [r for r in tail if type(r) is ArtifactRecorded]
-            return lineage_rows(view, arts, task_key)
+            approvals = approval_rows(self._kind_rows(con, run_id, ApprovalRequested),
+                                      self._decisions(con, run_id))
+            return lineage_rows(view, arts, task_key, approvals)
         return self._read(read, f"reading run {run_id}")  # type: ignore[no-any-return]
 
     def notices(self, run_id: str) -> list[dict[str, Any]]:
@@ -726,6 +734,209 @@ class PostgresStore:
              attempt: int | None = None) -> list[dict[str, Any]]:
         return [log_dict(r) for r in self._records(run_id, LogRecorded, task_key=task_key,
                                                    attempt=attempt)]
+
+    # -- approvals and steps -------------------------------------------------------------
+    def decide(self, run_id: str, task_key: str, digest: str, decision: str, by: str,
+               reason: str) -> dict[str, Any]:
+        """Record a decision on an approval request from any process: a ``signals`` row
+        (unique per request digest: the first decider wins) and a NOTIFY."""
+        doc = {"task_key": task_key, "digest": digest, "decision": decision,
+               "decided_by": by, "reason": reason, "decided_at": time.time()}
+
+        def send(con: Any) -> dict[str, Any] | None:
+            if not queries.has_run(con, run_id):
+                raise RunNotFoundError(f"no run {run_id!r} in {self.db.shown}")
+            row = con.execute(
+                "WITH s AS (INSERT INTO signals (run_id, kind, task_key, digest, payload, "
+                "token) SELECT run_id, 'decision', %s, %s, %s, token FROM leases "
+                "WHERE run_id = %s ON CONFLICT (run_id, digest) WHERE kind = 'decision' "
+                f"DO NOTHING RETURNING run_id) SELECT pg_notify('{SIGNALS_CHANNEL}', run_id) "
+                "FROM s", [task_key, digest, json.dumps(doc), run_id]).fetchone()
+            if row is not None:
+                return None
+            other = con.execute("SELECT payload FROM signals WHERE run_id = %s AND "
+                                "kind = 'decision' AND digest = %s", [run_id, digest]).fetchone()
+            return json.loads(other[0]) if other else {"decision": "decided",
+                                                        "decided_by": "another process"}
+        other = self._read(send, f"deciding on run {run_id}", snapshot=False)
+        if other is not None:
+            raise ApprovalConflictError(
+                f"the request {digest[:12]} of {task_key} was already "
+                f"{other['decision']} by {other['decided_by']}",
+                hint=f"see it with: pipeline approvals {run_id}")
+        self.keeper.add_decision(run_id, doc)
+        return doc
+
+    def _decisions(self, con: Any, run_id: str) -> list[dict[str, Any]]:
+        out = [json.loads(p) for (p,) in con.execute(
+            "SELECT payload FROM signals WHERE run_id = %s AND kind = 'decision' "
+            "ORDER BY id", [run_id])]
+        seen = {d["digest"] for d in out}
+        journaled = self._kind_rows(con, run_id, ApprovalDecided)
+        return out + [decision_dict(r) for r in journaled if r.digest not in seen]
+
+    def approval_decisions(self, run_id: str) -> list[dict[str, Any]]:
+        held = self.keeper.decisions(run_id)
+        if held is not None:       # polled by the runner: from the keeper's memory
+            return held
+        return self._read(lambda con: self._decisions(con, run_id),  # type: ignore[no-any-return]
+                          f"reading run {run_id}")
+
+    def approvals(self, run_id: str) -> list[dict[str, Any]]:
+        def read(con: Any) -> list[dict[str, Any]]:
+            if not queries.has_run(con, run_id):
+                raise RunNotFoundError(f"no run {run_id!r} in {self.db.shown}")
+            return approval_rows(self._kind_rows(con, run_id, ApprovalRequested),
+                                 self._decisions(con, run_id))
+        return self._read(read, f"reading run {run_id}")  # type: ignore[no-any-return]
+
+    def steps(self, run_id: str) -> list[dict[str, Any]]:
+        return [step_dict(r) for r in self._records(run_id, StepRecorded)]
+
+    # -- recovery -------------------------------------------------------------------------
+    def _dead_tails(self, con: Any) -> list[tuple[str, int]]:
+        """Runs whose driver is gone (lease expired) with commits not folded yet."""
+        return [(r, int(t)) for r, t in con.execute(
+            "SELECT l.run_id, l.token FROM leases l JOIN folds f USING (run_id) "
+            "WHERE l.expires_at <= now() AND EXISTS (SELECT 1 FROM commits c "
+            "WHERE c.run_id = l.run_id AND (c.run_id, c.token, c.seq) > "
+            "(f.run_id, f.token, f.seq))").fetchall()]
+
+    def recover(self) -> None:
+        """Fold what drivers that are gone left unfolded (the tables and the cache
+        index catch up); a takeover does it too."""
+        self._recover()
+
+    def _recover(self) -> list[str]:
+        done = []
+        for run_id, token in self._read(self._dead_tails, "reading the ledger"):
+            with self._wlock:
+                if run_id in self._mirrors:
+                    continue
+            try:
+                if self._fold_tail(run_id, token):
+                    done.append(run_id)
+            except RunNotFoundError:
+                continue
+        return done
+
+    def _fold_tail(self, run_id: str, token: int) -> bool:
+        """Fold a run's unfolded commits under its current (expired) lease token."""
+        def load(con: Any) -> tuple[RunView, set[str], int, tuple[int, int], list[Any]]:
+            got = queries.load_run(con, run_id)
+            if got is None:
+                raise RunNotFoundError(f"no run {run_id!r} in {self.db.shown}")
+            view = got[0]
+            in_tables = set(view.tasks)
+            tail = queries.tail(con, run_id)
+            for _, _, rs in tail:
+                apply(view, rs)
+            return (view, in_tables, queries.next_ord(con, run_id),
+                    queries.folded_to(con, run_id), tail)
+        view, in_tables, next_ord, folded, tail = self._read(load, f"loading run {run_id}")
+        if not tail:
+            return False
+        mirror = Mirror(token, view, 0, next_ord, folded)
+        self._stage_tail(mirror, tail, in_tables)
+        return self._fold(mirror, end=(tail[-1][0], tail[-1][1]), wait=False)
+
+    @staticmethod
+    def _stage_tail(mirror: Mirror, tail: list[Any], in_tables: set[str]) -> None:
+        """Make a loaded tail the mirror's pending fold (rows as of its last commit)."""
+        view = mirror.view
+        touched = {r.task_key for _, _, rs in tail for r in rs
+                   if type(r) in _ROW_KINDS}
+        mirror.pending = {k: view.tasks[k] for k in touched}
+        for k in view.tasks:        # the tail's new tasks, in creation order
+            if k in touched and k not in in_tables:
+                mirror.ords[k] = mirror.next_ord
+                mirror.next_ord += 1
+        mirror.run_changed = True
+        mirror.records = sum(len(rs) for _, _, rs in tail)
+
+    def fold(self) -> list[str]:
+        """Fold now: the runs this store drives, and what gone drivers left; returns the
+        runs folded (``pipeline fold``)."""
+        with self._wlock:
+            mirrors = list(self._mirrors.values())
+        done = [m.view.run_id for m in mirrors if m.records and self._fold(m)]
+        return done + self._recover()
+
+    def doctor(self) -> list[dict[str, Any]]:
+        """What is wrong with the ledger, in plain words (``pipeline doctor``)."""
+        def read(con: Any) -> list[dict[str, Any]]:
+            version = schema.check(con, self.db.shown)
+            n = con.execute("SELECT count(*) FROM runs").fetchone()[0]
+            out = [{"problem": False, "what": f"postgres ledger {self.db.shown}: schema "
+                    f"version {version}, {n} run(s)", "fix": ""}]
+            for run_id, _ in self._dead_tails(con):
+                out.append({"problem": True, "what": f"run {run_id}: its driver is gone "
+                            "and left commits not folded into the tables (reads include "
+                            "them; SQL on the tables does not)",
+                            "fix": f"pipeline fold --store ...  (or: pipeline resume {run_id})"})
+            for run_id, state in con.execute(
+                    "SELECT r.run_id, r.state FROM runs r JOIN leases l USING (run_id) "
+                    "WHERE r.state = ANY(%s) AND l.expires_at <= now() "
+                    "ORDER BY r.created_at", [list(_ACTIVE)]).fetchall():
+                out.append({"problem": False, "what": f"run {run_id} is {state} with no "
+                            "driver (resumable)", "fix": f"pipeline resume {run_id}"})
+            missing = [(r, k, u) for r, k, u in con.execute(
+                "SELECT run_id, task_key, result_uri FROM tasks WHERE state = 'succeeded' "
+                "AND result_uri IS NOT NULL").fetchall() if not self.blob_exists(u)]
+            for run_id, key, uri in missing[:20]:
+                out.append({"problem": True, "what": f"run {run_id} task {key}: result file "
+                            f"{self.blobs.path(uri)} is missing",
+                            "fix": "set LEDGERFLOW_BLOB_DIR to the shared result directory, "
+                            f"or: pipeline resume {run_id} (the task runs again)"})
+            return out
+        return self._read(read, "checking the ledger")  # type: ignore[no-any-return]
+
+    def repair(self) -> tuple[str, list[str]]:
+        """Rebuild every run's rows from its commits (the journal), in place.
+
+        Refused while any run is driven. Nothing is copied aside: the commits, the
+        source of truth, are not changed.
+        """
+        def runs(con: Any) -> list[tuple[str, int, bool]]:
+            return [(r, int(t), bool(live)) for r, t, live in con.execute(
+                "SELECT run_id, token, expires_at > now() FROM leases ORDER BY run_id")]
+        notes: list[str] = []
+        all_runs = self._read(runs, "reading the ledger")
+        live = [r for r, _, alive in all_runs if alive]
+        if live:
+            raise StoreError(f"run {live[0]} is being driven; repair rewrites every run's rows",
+                             hint="wait for the runs to end (pipeline runs), then repair")
+        for run_id, token, _ in all_runs:
+            self._rebuild(run_id, token)
+            notes.append(f"run {run_id}: rebuilt from its commits")
+        return "", notes
+
+    def _rebuild(self, run_id: str, token: int) -> None:
+        def attempt(retry: bool) -> None:
+            con = self._folder_conn()
+            with con.transaction():
+                if con.execute("SELECT 1 FROM leases WHERE run_id = %s AND token = %s "
+                               "AND expires_at <= now() FOR UPDATE",
+                               [run_id, token]).fetchone() is None:
+                    raise StoreError(f"run {run_id} was taken over during the repair",
+                                     hint="run pipeline repair again once it ended")
+                commits = queries.tail_from(con, run_id, (0, 0))
+                view = RunView(run_id)
+                for _, _, rs in commits:
+                    apply(view, rs)
+                for table in ("tasks", "events", "attempts", "results", "artifacts",
+                              "notices", "logs", "approval_requests", "approval_decisions",
+                              "steps"):
+                    con.execute(f"DELETE FROM {table} WHERE run_id = %s", [run_id])
+                con.execute("UPDATE folds SET token = 0, seq = 0 WHERE run_id = %s", [run_id])
+                if not commits:
+                    return
+                end = (commits[-1][0], commits[-1][1])
+                rows = [(row, i) for i, row in enumerate(view.tasks.values())]
+                sql, params = fold_params(run_id, token, (0, 0), end, rows, view)
+                con.execute(sql, params)
+        with self._flock:
+            self.db.retrying(attempt, what=f"repairing run {run_id}", reset=self._reset_folder)
 
     def driver_alive(self, run_id: str) -> bool:
         """True if a driver holds an unexpired lease of ``run_id``."""

@@ -7,25 +7,43 @@ Nothing survives the process. Select it with ``store=":memory:"`` (or any
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 from ledgerflow import hookimpl
 from ledgerflow.config import Settings
-from ledgerflow.errors import LeaseLostError, NotResumableError, RunNotFoundError
+from ledgerflow.errors import (
+    ApprovalConflictError,
+    LeaseLostError,
+    NotResumableError,
+    RunNotFoundError,
+)
 from ledgerflow.projection import apply
 from ledgerflow.records import (
     RUN_KINDS,
+    ApprovalDecided,
+    ApprovalRequested,
     ArtifactRecorded,
     AttemptEnded,
     LogRecorded,
     Notice,
     Record,
+    StepRecorded,
 )
 from ledgerflow.results import Encoded, decode
 from ledgerflow.states import TaskState
 from ledgerflow.store import CacheHit, Lease
-from ledgerflow.views import RunView, attempt_dict, lineage_rows, log_dict, notice_dict
+from ledgerflow.views import (
+    RunView,
+    approval_rows,
+    attempt_dict,
+    decision_dict,
+    lineage_rows,
+    log_dict,
+    notice_dict,
+    step_dict,
+)
 
 R = TypeVar("R", bound=Record)
 
@@ -45,6 +63,7 @@ class MemoryStore:
         self._cancel: set[str] = set()
         self._blobs: dict[str, bytes] = {}
         self._indexes: dict[str, dict[str, tuple[str, CacheHit]]] = {}
+        self._decisions: dict[str, dict[str, dict[str, Any]]] = {}
 
     def create_run(self, run_id: str, records: Sequence[Record]) -> Lease:
         with self._lock:
@@ -152,7 +171,8 @@ class MemoryStore:
 
     def lineage(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
         view = self.get_run(run_id)
-        return lineage_rows(view, self._rows(run_id, ArtifactRecorded), task_key)
+        return lineage_rows(view, self._rows(run_id, ArtifactRecorded), task_key,
+                            self.approvals(run_id))
 
     def logs(self, run_id: str, task_key: str | None = None,
              attempt: int | None = None) -> list[dict[str, Any]]:
@@ -169,6 +189,46 @@ class MemoryStore:
     def attempts(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
         return [attempt_dict(r) for r in self._rows(run_id, AttemptEnded)
                 if task_key is None or r.task_key == task_key]
+
+    def decide(self, run_id: str, task_key: str, digest: str, decision: str, by: str,
+               reason: str) -> dict[str, Any]:
+        self.get_run(run_id, tasks=False)
+        with self._lock:
+            made = self._decisions.setdefault(run_id, {})
+            if digest in made:
+                other = made[digest]
+                raise ApprovalConflictError(
+                    f"the request {digest[:12]} of {task_key} was already "
+                    f"{other['decision']} by {other['decided_by']}",
+                    hint=f"see it with: pipeline approvals {run_id}")
+            made[digest] = doc = {"task_key": task_key, "digest": digest,
+                                  "decision": decision, "decided_by": by, "reason": reason,
+                                  "decided_at": time.time()}
+        return doc
+
+    def approval_decisions(self, run_id: str) -> list[dict[str, Any]]:
+        with self._lock:
+            out = list(self._decisions.get(run_id, {}).values())
+        seen = {d["digest"] for d in out}
+        return out + [decision_dict(r) for r in self._rows(run_id, ApprovalDecided)
+                      if r.digest not in seen]
+
+    def approvals(self, run_id: str) -> list[dict[str, Any]]:
+        return approval_rows(self._rows(run_id, ApprovalRequested),
+                             self.approval_decisions(run_id))
+
+    def steps(self, run_id: str) -> list[dict[str, Any]]:
+        return [step_dict(r) for r in self._rows(run_id, StepRecorded)]
+
+    def recover(self) -> None:
+        return None         # nothing is derived: reads fold the records themselves
+
+    def doctor(self) -> list[dict[str, Any]]:
+        return [{"problem": False, "what": f"memory store {self.location}: "
+                 f"{len(self._records)} run(s), nothing kept on disk", "fix": ""}]
+
+    def repair(self) -> tuple[str, list[str]]:
+        return "", []
 
     def close(self) -> None:
         return None

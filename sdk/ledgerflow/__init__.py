@@ -14,8 +14,20 @@ from __future__ import annotations
 import typing as _typing
 from importlib import metadata as _metadata
 
+from .approval import Approval
 from .context import RunContext, TaskCancelled, TaskTimedOut, context
-from .control import Run, cancel, get_run, plan_resume, resume, run, runs
+from .control import (
+    Run,
+    approvals,
+    approve,
+    cancel,
+    get_run,
+    plan_resume,
+    reject,
+    resume,
+    run,
+    runs,
+)
 from .errors import (
     CycleError,
     DefinitionError,
@@ -56,6 +68,7 @@ except _metadata.PackageNotFoundError:  # pragma: no cover - running from a sour
     __version__ = "0+unknown"
 
 __all__ = [
+    "Approval",
     "CycleError",
     "DefinitionError",
     "InputError",
@@ -73,12 +86,15 @@ __all__ = [
     "TaskFailedError",
     "TaskTimedOut",
     "__version__",
+    "approvals",
+    "approve",
     "cancel",
     "context",
     "get_run",
     "hookimpl",
     "pipeline",
     "plan_resume",
+    "reject",
     "resume",
     "run",
     "runs",

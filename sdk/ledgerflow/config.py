@@ -40,6 +40,10 @@ class Settings:
     workers: int = 4
     fail_fast: bool = False
     dask_address: str | None = None
+    #: Echo what tasks write to stderr as it is written, prefixed with the task key.
+    logs: bool = False
+    #: Keep driving while approvals are pending (else the run stops ``waiting``).
+    wait_approvals: bool = False
     options: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -57,6 +61,11 @@ class Settings:
             values["workers"] = _positive_int("LEDGERFLOW_WORKERS", env["LEDGERFLOW_WORKERS"])
         if env.get("LEDGERFLOW_DASK_ADDRESS"):
             values["dask_address"] = env["LEDGERFLOW_DASK_ADDRESS"]
+        if env.get("LEDGERFLOW_LOGS"):
+            values["logs"] = env["LEDGERFLOW_LOGS"].lower() in ("1", "true", "yes", "on")
+        if env.get("LEDGERFLOW_WAIT_APPROVALS"):
+            values["wait_approvals"] = env["LEDGERFLOW_WAIT_APPROVALS"].lower() in (
+                "1", "true", "yes", "on")
         if env.get("LEDGERFLOW_CANCEL_GRACE"):   # seconds to wait for a cancel to be confirmed
             values["options"] = {"cancel_grace": env["LEDGERFLOW_CANCEL_GRACE"]}
         values.update({k: v for k, v in overrides.items() if v is not None})

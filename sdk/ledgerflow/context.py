@@ -6,16 +6,22 @@ and idempotency key, to check for cancellation and to record lineage.
 
 from __future__ import annotations
 
+import base64
 import contextvars
+import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from .approval import Approval, ApprovalNeeded, Decision, action_digest
 from .keys import idempotency_key
+from .results import decode, encode
 
 if TYPE_CHECKING:
     from .pipeline import Build
+
+T = TypeVar("T")
 
 
 class TaskCancelled(BaseException):
@@ -51,6 +57,59 @@ class RunContext:
     _idempotency_key: str = ""
     _cancel: Callable[[], bool] | None = None
     lineage: list[tuple[str, str, str | None, dict[str, str]]] = field(default_factory=list)
+    #: The task's code version (part of what an in-task approval is bound to).
+    code_version: str = ""
+    _approvals: dict[str, Decision] = field(default_factory=dict)
+    _steps: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: Steps this attempt did: (name, kind, data, content hash), recorded when it ends.
+    steps_done: list[tuple[str, str, str, str]] = field(default_factory=list)
+
+    def approval(self, action: str, payload: object = None, *, timeout: float | None = None,
+                 on_timeout: str = "fail", approvers: Sequence[str] = (),
+                 note: str = "") -> Decision:
+        """Ask a person to approve ``action`` with ``payload``; return the decision.
+
+        The request is bound to a digest of this task, its code version, the
+        action and the canonical payload. When a decision for that digest is
+        recorded, it is returned (check ``.approved``). Otherwise the attempt
+        stops here (outcome ``waiting``), the task waits in ``waiting_approval``,
+        and once decided the task runs again **from the start**, this call now
+        returning the decision. Wrap work done before the gate in
+        :meth:`step` so it is not repeated.
+
+        Example:
+            >>> ctx = context()
+            >>> ok = ctx.approval("send", {"to": "ops"})     # doctest: +SKIP
+        """
+        d = action_digest(self.run_id, self.task_key, self.code_version, action, payload)
+        found = self._approvals.get(d)
+        if found is not None:
+            return found
+        raise ApprovalNeeded(action, d, _summary(payload),
+                             Approval(timeout=timeout, on_timeout=on_timeout,
+                                      approvers=tuple(approvers), note=note, action=action))
+
+    def step(self, name: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` once for this task: its result is recorded, and a
+        re-run of the task (after an approval, a retry or a resume) gets it back
+        instead of calling ``fn`` again.
+
+        The result is recorded when the attempt ends (whatever its outcome), so a
+        crash of the process during the attempt re-runs the step (at-least-once).
+        Name steps uniquely within the task.
+
+        Example:
+            >>> context().step("fetch", lambda: 41 + 1)
+            42
+        """
+        done = self._steps.get(name)
+        if done is not None:
+            return step_value(*done)  # type: ignore[return-value]
+        value = fn(*args, **kwargs)
+        kind, data, chash = step_data(value)
+        self._steps[name] = (kind, data)
+        self.steps_done.append((name, kind, data, chash))
+        return value
 
     @property
     def idempotency_key(self) -> str:
@@ -78,6 +137,26 @@ class RunContext:
     def record_output(self, uri: str, content_hash: str | None = None, **attrs: str) -> None:
         """Record that this attempt wrote the artifact ``uri`` (lineage)."""
         self.lineage.append(("output", uri, content_hash, {k: str(v) for k, v in attrs.items()}))
+
+
+def _summary(payload: object) -> str:
+    try:
+        text = json.dumps(payload, default=repr, ensure_ascii=False, sort_keys=True)
+    except (TypeError, ValueError):
+        text = repr(payload)
+    return text if len(text) <= 400 else text[:399] + "…"
+
+
+def step_data(value: object) -> tuple[str, str, str]:
+    """A step result as (kind, text, content hash) for the journal."""
+    enc = encode(value)
+    text = enc.data.decode() if enc.kind == "json" else base64.b64encode(enc.data).decode()
+    return enc.kind, text, enc.hash
+
+
+def step_value(kind: str, text: str) -> object:
+    """The value of a recorded step result."""
+    return decode(kind, text.encode() if kind == "json" else base64.b64decode(text))
 
 
 _LOCAL = threading.local()

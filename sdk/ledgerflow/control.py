@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from . import deciding
 from ._gc import quiet_gc
 from .errors import InputError, NotResumableError, RunEndedError
 from .launch import (
@@ -32,7 +33,7 @@ from .launch import submit as launch_submit
 from .loading import abs_target, load_module, load_target, pipelines_in
 from .pipeline import Pipeline
 from .resume import decide
-from .states import RUN_TERMINAL, RunState
+from .states import RUN_TERMINAL, RunState, TaskState
 from .views import RunView
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "open_ledger",
     "pipelines_in",
     "plan_resume",
+    "reject",
     "resume",
     "run",
     "runs",
@@ -59,11 +61,11 @@ __all__ = [
 def run(target: Pipeline[..., Any] | str, /, *args: Any, params: dict[str, Any] | None = None,
         store: StoreArg = None, executor: object = None, workers: int | None = None,
         fail_fast: bool | None = None, wait: bool = True, progress: Any = None,
-        **kwparams: Any) -> Run:
+        logs: bool | None = None, **kwparams: Any) -> Run:
     """Run a pipeline object or ``FILE.py[:NAME]`` target; return the :class:`Run`."""
     pipe = load_target(target) if isinstance(target, str) else target
     return start(pipe, args, {**(params or {}), **kwparams}, store=store, executor=executor,
-                 workers=workers, fail_fast=fail_fast, wait=wait, progress=progress,
+                 workers=workers, fail_fast=fail_fast, wait=wait, progress=progress, logs=logs,
                  target=abs_target(target, pipe.name) if isinstance(target, str) else None)
 
 
@@ -109,7 +111,8 @@ def recorded_pipeline(view: RunView) -> Pipeline[..., Any]:
 def resume(run_id: str, *, store: StoreArg = None, executor: object = None,
            workers: int | None = None, fail_fast: bool | None = None, wait: bool = True,
            pipeline: Pipeline[..., Any] | None = None, progress: Any = None,
-           cancel_event: threading.Event | None = None, dask_address: str | None = None) -> Run:
+           cancel_event: threading.Event | None = None, dask_address: str | None = None,
+           logs: bool | None = None, wait_approvals: bool | None = None) -> Run:
     """Continue ``run_id``: keep its successes, retry lost tasks, reset failed ones.
 
     The pipeline is loaded from the run's recorded target unless ``pipeline``
@@ -119,9 +122,11 @@ def resume(run_id: str, *, store: StoreArg = None, executor: object = None,
         NotResumableError: the run succeeded, its driver is still alive, or its
             pipeline cannot be loaded.
     """
-    settings = settings_for(store, executor, workers, fail_fast, dask_address=dask_address)
+    settings = settings_for(store, executor, workers, fail_fast, dask_address=dask_address,
+                            logs=logs, wait_approvals=wait_approvals)
     st = store_for(settings, store)
     view = st.get_run(run_id, tasks=False)
+    deciding.apply_deadlines(st, run_id)
     refuse_resume(view)
     pipe = pipeline or recorded_pipeline(view)
     return continue_run(pipe, view, st, settings=settings, executor=executor, wait=wait,
@@ -133,8 +138,15 @@ def plan_resume(run_id: str, *, store: StoreArg = None) -> list[tuple[str, str, 
     st = open_ledger(store)
     with quiet_gc():
         view = st.get_run(run_id, upstream=False)
-    return [(row.key, d.action.value, d.why)
-            for row in view.tasks.values() for d in (decide(row),)]
+    if view.active and view.driver_alive:
+        raise NotResumableError(
+            f"run {run_id} is being driven right now (pid {view.driver_pid} on "
+            f"{view.driver_host}): a resume would be refused, so there is nothing to plan",
+            hint=f"wait for it (pipeline status {run_id}), or stop it: pipeline cancel {run_id}")
+    return [(row.key, d.action.value, d.why) for row in view.tasks.values()
+            for d in (decide(row, result_missing=row.state == TaskState.SUCCEEDED
+                             and row.result_uri is not None
+                             and not st.blob_exists(row.result_uri)),)]
 
 
 def get_run(run_id: str, *, store: StoreArg = None) -> Run:
@@ -149,9 +161,42 @@ def runs(*, store: StoreArg = None, limit: int = 50) -> list[RunView]:
     return open_ledger(store).list_runs(limit)
 
 
+def approvals(run_id: str | None = None, *, store: StoreArg = None,
+              limit: int = 50) -> list[dict[str, Any]]:
+    """Requests waiting for a decision: of one run, or of the newest ``limit`` runs
+    (each row with its ``run_id``); deadlines that passed are applied first."""
+    st = open_ledger(store)
+    ids = [run_id] if run_id else [v.run_id for v in st.list_runs(limit)
+                                   if v.state not in RUN_TERMINAL]
+    if run_id:
+        st.get_run(run_id, tasks=False)
+    return [{"run_id": rid, **r} for rid in ids for r in deciding.pending(st, rid)]
+
+
+def approve(run_id: str, task_key: str, *, digest: str, reason: str = "",
+            by: str | None = None, store: StoreArg = None) -> dict[str, Any]:
+    """Approve the request waiting for ``task_key`` in ``run_id`` (from any process).
+
+    ``digest`` is its digest or a prefix (at least 6 characters) as
+    :func:`approvals` shows it; a digest that no longer matches (the
+    arguments, inputs or payload changed) raises StaleDigestError. Resume the
+    run to continue it, if its driver stopped.
+    """
+    return deciding.approve(open_ledger(store), run_id, task_key, digest=digest,
+                            reason=reason, by=by)
+
+
+def reject(run_id: str, task_key: str, *, reason: str, digest: str | None = None,
+           by: str | None = None, store: StoreArg = None) -> dict[str, Any]:
+    """Reject the request waiting for ``task_key``: the task fails (reason ``rejected``)."""
+    return deciding.reject(open_ledger(store), run_id, task_key, reason=reason,
+                           digest=digest, by=by)
+
+
 def cancel(run_id: str, *, store: StoreArg = None) -> None:
     """Ask a run to cancel; its driver (in any process) picks it up within ~0.1 s."""
     st = open_ledger(store)
+    st.recover()
     view = st.get_run(run_id, tasks=False)
     if view.state in RUN_TERMINAL:
         raise RunEndedError(f"run {run_id} already ended {view.state}; nothing to cancel",

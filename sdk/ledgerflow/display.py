@@ -72,13 +72,25 @@ def _counts_html(counts: Mapping[str, int]) -> str:
     return " ".join(f"{_pill(s)}&nbsp;{counts[s]}" for s in keys)
 
 
-def run_html(view: RunView, *, graph: bool = True) -> str:
-    """Render a run as HTML: state, counts, one table row per task (and its graph).
+#: Above this many tasks the notebook table shows one row per task name.
+ROW_LIMIT = 50
+
+
+def run_html(view: RunView, *, graph: bool = True, all_rows: bool = False,
+             approvals: Sequence[Mapping[str, Any]] = ()) -> str:
+    """Render a run as HTML: state, counts, the task table (and its graph).
 
     Args:
         view: the run as read from a store (``Run.status()``).
         graph: also draw the run's task graph (collapsed) when it is small.
+        all_rows: one row per task even above :data:`ROW_LIMIT` tasks (default:
+            one row per task name there; ``run.tasks()`` lists them all).
+        approvals: pending approval requests, shown as a table first.
     """
+    pending = approvals_html(view.run_id, approvals) if approvals else ""
+    if len(view.tasks) > ROW_LIMIT and not all_rows:
+        return _aggregated_html(view).replace('<div class="ledgerflow-run">',
+                                              '<div class="ledgerflow-run">' + pending, 1)
     counts = view.counts()
     head = (f'<div style="{_FONT}"><b>run {_e(view.run_id)}</b> of pipeline '
             f'<b>{_e(view.pipeline)}</b>: {_pill(view.state)}'
@@ -104,7 +116,63 @@ def run_html(view: RunView, *, graph: bool = True) -> str:
     if graph and 0 < len(view.tasks) <= _MAX_SVG_NODES:
         extra = ("<details><summary>graph</summary>"
                  + view_graph_html(view) + "</details>")
-    return f'<div class="ledgerflow-run">{head}{table}{extra}</div>'
+    return f'<div class="ledgerflow-run">{pending}{head}{table}{extra}</div>'
+
+
+def approvals_html(run_id: str, approvals: Sequence[Mapping[str, Any]]) -> str:
+    """Pending approval requests as a table, with how to decide each."""
+    td = 'style="padding:2px 8px;vertical-align:top"'
+    th = "".join(f'<th style="text-align:left;padding:2px 8px">{c}</th>'
+                 for c in ("task", "action", "summary", "digest", "deadline"))
+    rows = []
+    for r in list(approvals)[:200]:
+        deadline = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["deadline"])) \
+            if r.get("deadline") else "-"
+        rows.append(f"<tr><td {td}>{_e(r['task_key'])}</td><td {td}>{_e(r['action'])}</td>"
+                    f"<td {td}>{_e(r['summary'])}</td><td {td}><code>"
+                    f"{_e(r['digest'][:12])}</code></td><td {td}>{_e(deadline)}</td></tr>")
+    more = f"<div>and {len(approvals) - 200} more</div>" if len(approvals) > 200 else ""
+    first = approvals[0]
+    how = (f"<code>run.approve({first['task_key']!r}, digest={first['digest'][:12]!r})</code>"
+           f" or <code>pipeline approve {run_id} '{first['task_key']}' --digest "
+           f"{first['digest'][:12]}</code>, then resume")
+    return (f'<div style="{_FONT};background:#fef9c3;padding:4px 8px;margin-bottom:6px">'
+            f"<b>{len(approvals)} approval(s) waiting</b><table style=\"border-collapse:"
+            f'collapse"><thead><tr>{th}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+            f"{more}<div>decide: {how}</div></div>")
+
+
+def _aggregated_html(view: RunView) -> str:
+    """A big run: its head, then one row per task name with counts by state."""
+    counts = view.counts()
+    head = (f'<div style="{_FONT}"><b>run {_e(view.run_id)}</b> of pipeline '
+            f'<b>{_e(view.pipeline)}</b>: {_pill(view.state)}'
+            + (f" <i>{_e(view.reason)}</i>" if view.reason else "")
+            + f" &middot; {len(view.tasks)} tasks &middot; {_counts_html(counts)}</div>")
+    by_name: dict[str, list[TaskRow]] = {}
+    for row in view.tasks.values():
+        by_name.setdefault(row.task_name or row.key, []).append(row)
+    td = 'style="padding:2px 8px;vertical-align:top"'
+    rows = []
+    for name, group in by_name.items():
+        states: dict[str, int] = {}
+        for r in group:
+            states[r.state] = states.get(r.state, 0) + 1
+        first = next((r for r in group if r.error and r.state != _T.SUCCEEDED), None)
+        err = f"{first.key}: {first.error}" if first else ""
+        short = err if len(err) <= _MAX_ERROR else err[:_MAX_ERROR] + "…"
+        cached = sum(1 for r in group if r.cached_from)
+        rows.append(f"<tr><td {td}>{_e(name)} &times; {len(group)}</td>"
+                    f"<td {td}>{_counts_html(states)}</td><td {td}>{cached}</td>"
+                    f'<td {td} title="{_e(err)}">{_e(short)}</td></tr>')
+    th = "".join(f'<th style="text-align:left;padding:2px 8px">{c}</th>'
+                 for c in ("task", "states", "cached", "first error"))
+    note = (f'<div style="{_FONT};color:#555">one row per task name above {ROW_LIMIT} tasks; '
+            "every task: <code>run.tasks()</code> or <code>run_html(view, all_rows=True)"
+            "</code></div>")
+    return (f'<div class="ledgerflow-run">{head}<table style="{_FONT};'
+            f'border-collapse:collapse"><thead><tr>{th}</tr></thead>'
+            f"<tbody>{''.join(rows)}</tbody></table>{note}</div>")
 
 
 # -- graphs ------------------------------------------------------------------------------

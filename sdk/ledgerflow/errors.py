@@ -5,13 +5,15 @@ one-line fix (``exc.hint``); the CLI prints them as ``Error:`` and ``Hint:``
 and exits with ``exc.exit_code``::
 
     PipelineError
-    ├─ DefinitionError ─ DuplicateTaskError, CycleError (also graphlib.CycleError)
+    ├─ DefinitionError ─ DuplicateTaskError, CycleError (also graphlib.CycleError),
+    │                    PipelineBodyError
     ├─ InputError ─ ParameterBindError ─ MissingInputError
+    │              ApprovalConflictError, StaleDigestError, NotWaitingError
     ├─ TaskFailedError      (__cause__ = the user's exception)
     ├─ RunError ─ RunNotFoundError, NotResumableError, RunFailedError, LeaseLostError,
     │             RunEndedError
     ├─ StoreError ─ StoreLockedError, SchemaVersionError, NotALedgerError,
-    │               DamagedLedgerError, JournalDamagedError
+    │               DamagedLedgerError, JournalDamagedError, MissingResultError
     ├─ PluginError, ConfigError
     └─ InvalidTransitionError   (internal invariant: a bug, please report it)
 
@@ -60,6 +62,14 @@ class CycleError(DefinitionError, graphlib.CycleError):
             problems=problems or [message])
 
 
+class PipelineBodyError(DefinitionError):
+    """The pipeline body failed while it was traced (``where``: the user's file:line)."""
+
+    def __init__(self, message: str, *, hint: str | None = None, where: str = "") -> None:
+        super().__init__(message, hint=hint)
+        self.where = where
+
+
 class InputError(PipelineError):
     """A parameter, file or argument given by the user is wrong."""
 
@@ -70,6 +80,18 @@ class ParameterBindError(InputError, TypeError):
 
 class MissingInputError(ParameterBindError):
     """A required pipeline parameter was not given."""
+
+
+class ApprovalConflictError(InputError):
+    """The request was decided already (two deciders raced: the first one won)."""
+
+
+class StaleDigestError(InputError):
+    """The digest given is not the one of the request that is waiting now."""
+
+
+class NotWaitingError(InputError):
+    """The task has no pending approval request."""
 
 
 class TaskFailedError(PipelineError):
@@ -141,6 +163,10 @@ class JournalDamagedError(StoreError):
     """A run's journal is damaged before the run's first record."""
 
     default_hint = "pipeline doctor explains it; pipeline repair rebuilds the ledger"
+
+
+class MissingResultError(StoreError):
+    """A committed result's file is gone from the ledger's side folder."""
 
 
 class PluginError(PipelineError):

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from . import capture
+from .approval import ApprovalNeeded
 from .context import RunContext, TaskCancelled, TaskTimedOut, run_in_context
 from .results import Encoded, encode
 
@@ -32,6 +34,13 @@ class Job:
     idempotency_key: str = ""       # "" = derived from run id and task key when asked for
     timeout: float | None = None
     task_name: str = ""
+    #: Echo the attempt's output to stderr, prefixed with the task key, as it is written.
+    echo: bool = False
+    #: The task's code version, and what is recorded for it: decisions of its in-task
+    #: approval gates (digest -> Decision) and results of its steps (name -> kind, data).
+    code_version: str = ""
+    approvals: dict[str, Any] = field(default_factory=dict)
+    steps: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -55,6 +64,13 @@ class Completion:
     ended_at: float = 0.0
     lineage: list[tuple[str, str, str | None, dict[str, str]]] = field(default_factory=list)
     has_value: bool = True
+    #: What the attempt wrote (stdout, stderr, logging), and how much was cut from it.
+    log: str = ""
+    log_dropped: int = 0
+    #: Outcome ``waiting``: the in-task gate it stopped at (``ApprovalNeeded.request()``).
+    approval: dict[str, Any] | None = None
+    #: Steps the attempt did: (name, kind, data, content hash).
+    steps: list[tuple[str, str, str, str]] = field(default_factory=list)
 
 
 @runtime_checkable
@@ -101,9 +117,30 @@ def runs_in_driver(executor: object) -> bool:
 
 def execute(job: Job, cancel: Callable[[], bool] | None = None, *,
             keep_value: bool = True) -> Completion:
-    """Run ``job`` here and now; never raises (outcomes carry the errors)."""
+    """Run ``job`` here and now; never raises (outcomes carry the errors).
+
+    What the attempt writes to stdout, stderr and ``logging`` is captured into
+    the Completion (:mod:`ledgerflow.capture`).
+    """
+    with capture.attempt(job.task_key, echo=job.echo) as out:
+        c = _execute(job, cancel, keep_value)
+    c.log = out.text()
+    c.log_dropped = out.dropped
+    return c
+
+
+def _execute(job: Job, cancel: Callable[[], bool] | None, keep_value: bool) -> Completion:
+    """One attempt in a fresh context (what :func:`execute` captures the output of)."""
     ctx = RunContext(run_id=job.run_id, task_key=job.task_key, attempt=job.attempt,
-                     _idempotency_key=job.idempotency_key, _cancel=cancel)
+                     _idempotency_key=job.idempotency_key, _cancel=cancel,
+                     code_version=job.code_version, _approvals=job.approvals,
+                     _steps=dict(job.steps))
+    c = _attempt(job, ctx, keep_value)
+    c.steps = ctx.steps_done
+    return c
+
+
+def _attempt(job: Job, ctx: RunContext, keep_value: bool) -> Completion:
     started = time.time()
     fn = job.fn
     inner = getattr(fn, "_plain", None)     # a Task: call its function directly
@@ -112,6 +149,11 @@ def execute(job: Job, cancel: Callable[[], bool] | None = None, *,
     except TaskCancelled:
         return Completion(job.id, "cancelled", started_at=started, ended_at=time.time(),
                           lineage=ctx.lineage, has_value=False)
+    except ApprovalNeeded as need:   # stopped at an in-task gate: runs again once decided
+        return Completion(job.id, "waiting", error_type="ApprovalNeeded",
+                          error_message=f"waiting for approval of {need.action!r}",
+                          started_at=started, ended_at=time.time(), lineage=ctx.lineage,
+                          has_value=False, approval=need.request())
     except TaskTimedOut as exc:     # no error object: a timeout is retried by policy
         return Completion(job.id, "timeout", error_type="TaskTimedOut",
                           error_message=str(exc)[:2000] or "the task timed out",

@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Union
 
+from . import deciding
 from ._gc import quiet_gc
 from .config import Settings, store_kind_for
 from .errors import (
@@ -196,8 +197,8 @@ class Run:
         return self._state or self.status().state
 
     def status(self) -> RunView:
-        """Read the run and its tasks from the ledger."""
-        return self.store.get_run(self.run_id)
+        """Read the run and its tasks from the ledger (decisions not yet applied shown)."""
+        return read_run(self.store, self.run_id)
 
     def tasks(self) -> list[dict[str, Any]]:
         """One dict per task (key, task, state, attempts, times, error)."""
@@ -220,6 +221,33 @@ class Run:
     def notices(self) -> list[dict[str, Any]]:
         """Rejected late or duplicate results and other notes."""
         return self.store.notices(self.run_id)
+
+    def approvals(self, pending_only: bool = False) -> list[dict[str, Any]]:
+        """The run's approval requests with their decisions (``state``: pending,
+        approved, rejected, expired); deadlines that passed are applied first."""
+        deciding.apply_deadlines(self.store, self.run_id)
+        rows = self.store.approvals(self.run_id)
+        return [r for r in rows if r["state"] == "pending" and r["current"]] \
+            if pending_only else rows
+
+    def approve(self, task_key: str, *, digest: str, reason: str = "",
+                by: str | None = None) -> dict[str, Any]:
+        """Approve the request waiting for ``task_key`` (``digest``: its digest or a
+        prefix of it, as shown by :meth:`approvals`). Then resume the run."""
+        return deciding.approve(self.store, self.run_id, task_key, digest=digest,
+                                reason=reason, by=by)
+
+    def reject(self, task_key: str, *, reason: str, digest: str | None = None,
+               by: str | None = None) -> dict[str, Any]:
+        """Reject the request waiting for ``task_key``: it fails with reason ``rejected``."""
+        return deciding.reject(self.store, self.run_id, task_key, reason=reason,
+                               digest=digest, by=by)
+
+    def logs(self, task_key: str | None = None, attempt: int | None = None
+             ) -> list[dict[str, Any]]:
+        """What attempts wrote (stdout, stderr, logging): one dict per attempt with
+        ``task_key``, ``attempt``, ``stream``, ``text`` and ``dropped`` (bytes cut)."""
+        return self.store.logs(self.run_id, task_key, attempt)
 
     def result(self, task_key: str | None = None) -> Any:
         """Return the pipeline's return value, or one task's result.
@@ -287,7 +315,20 @@ class Run:
 
     def _repr_html_(self) -> str:
         from .display import run_html
-        return run_html(self.status())
+        view = self.status()
+        waiting = self.approvals(pending_only=True) if view.state == RunState.WAITING \
+            or any(t.state == TaskState.WAITING_APPROVAL for t in view.tasks.values()) \
+            else []
+        return run_html(view, approvals=waiting)
+
+
+def read_run(st: RunStore, run_id: str, *, upstream: bool = True) -> RunView:
+    """A run as readers see it: with decisions a driver has not applied yet shown."""
+    view = st.get_run(run_id, upstream=upstream)
+    if any(t.state == TaskState.WAITING_APPROVAL for t in view.tasks.values()):
+        deciding.apply_deadlines(st, run_id)
+        deciding.overlay(view, st.approvals(run_id))
+    return view
 
 
 def output_to_json(value: Any) -> Any:
@@ -326,19 +367,22 @@ def start(pipe: Pipeline[..., Any], args: Sequence[Any], params: dict[str, Any],
           fail_fast: bool | None = None, wait: bool = True, run_id: str | None = None,
           target: str | None = None, progress: Any = None,
           cancel_event: threading.Event | None = None, dask_address: str | None = None,
-          graph: Graph | None = None) -> Run:
+          graph: Graph | None = None, logs: bool | None = None,
+          wait_approvals: bool | None = None) -> Run:
     """Validate, record and drive a new run of ``pipe`` (see :meth:`Pipeline.run`).
 
     ``graph``: the graph already built from these parameters (the CLI builds it
     to validate before printing the run id), so the body is traced once.
     """
-    settings = settings_for(store, executor, workers, fail_fast, dask_address=dask_address)
+    settings = settings_for(store, executor, workers, fail_fast, dask_address=dask_address,
+                            logs=logs, wait_approvals=wait_approvals)
     values = pipe.bind(*args, **params)
     if graph is None:
         graph = pipe.build(**values)          # validation before anything is written
     ex = make_executor(executor if executor is not None and not isinstance(executor, str)
                        else settings.executor, settings)
     st = store_for(settings, store)
+    st.recover()          # what killed drivers left unfolded reaches the cache index
     run_id = run_id or new_run_id()
     cache = st.cache_lookup(sorted({n.task.name for n in graph if n.task.options.cache}))
     runner = _runner(graph, st, ex, settings, run_id, None, cache, progress, cancel_event)
@@ -405,6 +449,7 @@ def continue_run(pipe: Pipeline[..., Any], view: RunView, st: RunStore, *,
     graph = pipe.build(**json.loads(view.params))
     ex = make_executor(executor if executor is not None and not isinstance(executor, str)
                        else settings.executor, settings)
+    st.recover()
     lease: Lease = st.take_over(view.run_id)
     # re-read: the takeover folded what the old driver left
     with quiet_gc():

@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from ._gc import quiet_gc
 from .context import current_build
-from .errors import DefinitionError, MissingInputError, ParameterBindError
+from .errors import (
+    DefinitionError,
+    MissingInputError,
+    ParameterBindError,
+    PipelineBodyError,
+    PipelineError,
+)
 from .graph import REF_TYPES, Graph, Node
 from .task import MapRef, Task, TaskRef
 
@@ -28,7 +34,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 RUN_OPTIONS = frozenset({"store", "executor", "workers", "fail_fast", "wait", "settings",
-                         "run_id", "progress", "graph"})
+                         "run_id", "progress", "graph", "logs"})
 
 #: The keyword arguments of every call that has none (never mutated): one empty
 #: dict per call would cost 64 bytes a task.
@@ -195,6 +201,15 @@ class Pipeline(Generic[P, R]):
         try:
             with quiet_gc():
                 build.graph.output = self.fn(**values)  # type: ignore[call-arg]
+        except PipelineError:
+            raise
+        except Exception as exc:    # the user's body failed: their mistake, at their line
+            where = _body_line(exc, self.fn)
+            raise PipelineBodyError(
+                f"the body of pipeline {self.name!r} raised {type(exc).__name__}: {exc}"
+                + (f" ({where})" if where else ""),
+                hint="fix the pipeline body (run with --debug for the traceback)",
+                where=where) from exc
         finally:
             current_build.reset(token)
         return build.graph.validate()
@@ -202,14 +217,17 @@ class Pipeline(Generic[P, R]):
     def run(self, *args: Any, store: StoreArg = None, executor: object = None,
             workers: int | None = None, fail_fast: bool | None = None,
             wait: bool = True, run_id: str | None = None, progress: Any = None,
-            **params: Any) -> Run:
-        """Start a run of this pipeline and return its :class:`~ledgerflow.run.Run`.
+            logs: bool | None = None, **params: Any) -> Run:
+        """Start a run of this pipeline and return its :class:`~ledgerflow.launch.Run`.
 
-        With ``wait=False`` the run is driven in a background thread.
+        With ``wait=False`` the run is driven in a background thread. With
+        ``logs=True`` what tasks write is also echoed to stderr as it is written
+        (it is always kept per attempt: ``run.logs(task_key)``).
         """
         from .launch import start
         return start(self, args, params, store=store, executor=executor, workers=workers,
-                     fail_fast=fail_fast, wait=wait, run_id=run_id, progress=progress)
+                     fail_fast=fail_fast, wait=wait, run_id=run_id, progress=progress,
+                     logs=logs)
 
     def graph(self, *args: Any, **params: Any) -> Graph:
         """Return the static graph for ``params`` (alias of :meth:`build`)."""
@@ -228,6 +246,18 @@ class Pipeline(Generic[P, R]):
     def _repr_html_(self) -> str:
         from .display import graph_html
         return graph_html(self.build())
+
+
+def _body_line(exc: BaseException, fn: Callable[..., Any]) -> str:
+    """``file:line`` of the deepest frame of ``exc`` in the body's own file."""
+    filename = getattr(getattr(fn, "__code__", None), "co_filename", None)
+    where = ""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == filename:
+            where = f"{filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return where
 
 
 def pipeline(fn: Callable[P, R] | None = None, /, *,

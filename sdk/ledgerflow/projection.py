@@ -27,6 +27,7 @@ _RUNNING = TaskState.RUNNING.value
 _PENDING = TaskState.PENDING.value
 _TERMINAL = frozenset(s.value for s in TERMINAL)
 _RUN_TERMINAL = frozenset(s.value for s in RUN_TERMINAL)
+_FAILED_WHY = frozenset({TaskState.FAILED.value, TaskState.UPSTREAM_FAILED.value})
 
 
 def _row(view: RunView, key: str) -> TaskRow:
@@ -58,9 +59,11 @@ def apply(view: RunView, records: Iterable[Record]) -> RunView:
                 row.started_at = e.ts
             if to == _PENDING and e.from_state is not None:     # a resume reset
                 row.budget_base = e.attempt
-                row.ended_at = None
+                row.ended_at = row.started_at = None            # timed afresh
             elif to in _TERMINAL:
                 row.ended_at = e.ts
+                if to in _FAILED_WHY and row.error is None:    # no attempt said why
+                    row.error = e.reason or None
             if e.seq > view.max_seq:
                 view.max_seq = e.seq
         elif t is TaskCreated:

@@ -165,14 +165,74 @@ class LogRecorded(Record, tag="G"):
     dropped: int
 
 
+class ApprovalRequested(Record, tag="P"):
+    """A gate asks a person: what (action, summary, input hashes), bound to ``digest``.
+
+    ``deadline``: epoch seconds (None: none); ``on_timeout``: ``fail`` or ``reject``.
+    """
+
+    TABLE = "approval_requests"
+
+    task_key: str
+    attempt: int
+    digest: str
+    action: str
+    summary: str
+    inputs: dict[str, str]
+    requested_at: float
+    deadline: float | None
+    on_timeout: str
+    approvers: list[str]
+    note: str
+
+
+class ApprovalDecided(Record, tag="Q"):
+    """A decision on the request ``digest``: approved, rejected or expired."""
+
+    TABLE = "approval_decisions"
+
+    task_key: str
+    digest: str
+    decision: str
+    decided_by: str
+    reason: str
+    decided_at: float
+
+
+class StepRecorded(Record, tag="X"):
+    """The result of a step a task recorded (``context().step``): a re-run of the task
+    (after an approval, a retry, a resume) gets it back instead of doing the step again."""
+
+    TABLE = "steps"
+
+    task_key: str
+    attempt: int
+    name: str
+    kind: str
+    data: str
+    content_hash: str
+
+
+class Takeover(Record, tag="K"):
+    """Written by a store when a new driver takes a run over: the previous driver's
+    segment (``from_token``) counts up to byte ``from_offset``; what it wrote after
+    that is a superseded driver's and is never applied (``pipeline repair`` reads it)."""
+
+    from_token: int
+    from_offset: int
+    at: float
+
+
 AnyRecord = Union[RunDefined, DriverHeader, RunStateChanged, TaskCreated, Transition,  # noqa: UP007
-                  AttemptEnded, ResultRecorded, ArtifactRecorded, Notice, LogRecorded]
+                  AttemptEnded, ResultRecorded, ArtifactRecorded, Notice, LogRecorded,
+                  ApprovalRequested, ApprovalDecided, StepRecorded, Takeover]
 
 #: Every record kind, by tag.
 KINDS: Final[dict[str, type[Record]]] = {
     cls.__struct_config__.tag: cls  # type: ignore[misc]
     for cls in (RunDefined, DriverHeader, RunStateChanged, TaskCreated, Transition,
-                AttemptEnded, ResultRecorded, ArtifactRecorded, Notice, LogRecorded)}
+                AttemptEnded, ResultRecorded, ArtifactRecorded, Notice, LogRecorded,
+                ApprovalRequested, ApprovalDecided, StepRecorded, Takeover)}
 
 #: Kinds that describe the run itself (no task rows needed to apply them).
 RUN_KINDS: Final[tuple[type[Record], ...]] = (RunDefined, DriverHeader, RunStateChanged)

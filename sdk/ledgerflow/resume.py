@@ -45,14 +45,20 @@ class Decision:
     moves: tuple[tuple[TaskState, str], ...] = ()
 
 
-def decide(row: TaskRow, retries: int | None = None) -> Decision:
+def decide(row: TaskRow, retries: int | None = None, *,
+           result_missing: bool = False) -> Decision:
     """The resume decision for ``row``; ``retries`` is the task's option (None: unknown).
+
+    ``result_missing``: the success's result file is gone, so it runs again.
 
     Example:
         >>> decide(TaskRow("a", state="failed")).action
         <Action.RERUN: 'rerun'>
     """
     state = row.state
+    if state == _T.SUCCEEDED and result_missing:
+        return Decision(Action.RERUN, f"its result file {row.result_uri} is gone",
+                        moves=((_T.PENDING, "resume: result file missing"),))
     if state == _T.SUCCEEDED:
         return Decision(Action.REUSE, "cached result" if row.cached_from else "succeeded")
     reset = (_T.PENDING, "resume: reset with a fresh attempt budget")

@@ -22,6 +22,7 @@ hear of a transition after the commit that holds it.
 from __future__ import annotations
 
 import heapq
+import inspect
 import json
 import logging
 import os
@@ -34,22 +35,32 @@ from collections.abc import Callable
 from typing import Any
 
 from ._gc import quiet_gc
+from .approval import APPROVED, EXPIRED, REJECTED, Approval, Decision, summarize, task_digest
 from .config import Settings
-from .errors import InvalidTransitionError, LeaseLostError, PipelineError
+from .errors import (
+    ApprovalConflictError,
+    InvalidTransitionError,
+    LeaseLostError,
+    PipelineError,
+)
 from .executor import Completion, Executor, Job, execute, inline_when_alone, runs_in_driver
 from .graph import Graph
 from .keys import fingerprint_base, finish_fingerprint
 from .plan import UNSET, Instance, Plan
 from .records import (
     FORMAT_VERSION,
+    ApprovalDecided,
+    ApprovalRequested,
     ArtifactRecorded,
     AttemptEnded,
     DriverHeader,
+    LogRecorded,
     Notice,
     Record,
     ResultRecorded,
     RunDefined,
     RunStateChanged,
+    StepRecorded,
     TaskCreated,
     Transition,
 )
@@ -68,6 +79,7 @@ from .states import (
     transition,
 )
 from .store import CacheHit, Lease, RunStore
+from .task import MapRef, TaskRef
 from .views import RunView, TaskRow
 
 log = logging.getLogger("ledgerflow")
@@ -77,6 +89,8 @@ _PENDING, _READY, _RUNNING = _T.PENDING.value, _T.READY.value, _T.RUNNING.value
 _RETRY_WAIT, _CANCELLING = _T.RETRY_WAIT.value, _T.CANCELLING.value
 _SUCCEEDED, _FAILED, _CANCELLED = _T.SUCCEEDED.value, _T.FAILED.value, _T.CANCELLED.value
 _UPSTREAM_FAILED = _T.UPSTREAM_FAILED.value
+_WAITING_APPROVAL = _T.WAITING_APPROVAL.value
+_NO_STEPS: dict[str, tuple[str, str]] = {}
 _TERMINAL = frozenset(s.value for s in TERMINAL)
 _FAILED_LIKE = frozenset(s.value for s in FAILED_LIKE)
 _NOT_STARTED = frozenset(s.value for s in NOT_STARTED)
@@ -143,6 +157,16 @@ class Runner:
         self.in_driver = runs_in_driver(executor)
         self.workers = 1 if self.in_driver else settings.workers
         self.inline_when_alone = inline_when_alone(executor)
+        self.echo = settings.logs
+        self.wait_approvals = settings.wait_approvals
+        #: approval gates: decisions by digest, requests recorded (deadline, on_timeout),
+        #: open gates by task key, decisions already journaled, each task's last request
+        self.decided: dict[str, dict[str, Any]] = {}
+        self.requested: dict[str, tuple[float | None, str]] = {}
+        self.gates: dict[str, tuple[Instance, str, float | None, str]] = {}
+        self.journaled: set[str] = set()
+        self.latest_request: dict[str, str] = {}
+        self.steps: dict[str, dict[str, tuple[str, str]]] = {}
         #: the store's optional lease-loss probe (see :meth:`_check_lease`)
         self.lease_probe: Callable[[Lease], str | None] | None = getattr(
             store, "lease_lost", None)
@@ -213,11 +237,16 @@ class Runner:
             self.active += 1
         inst.attempt = row.attempts
         inst.used = row.attempts - row.budget_base
-        if inst.state == _SUCCEEDED:
+        missing = inst.state == _SUCCEEDED and row.result_uri is not None \
+            and not self.store.blob_exists(row.result_uri)
+        if inst.state == _SUCCEEDED and not missing:
             inst.hash = row.result_hash
             inst.ref = (row.result_kind or "json", row.result_data, row.result_uri)
             return
-        decision = decide(row, inst.node.task.options.retries)
+        decision = decide(row, inst.node.task.options.retries, result_missing=missing)
+        if missing:
+            self._note(inst.key, inst.attempt, "result_missing",
+                       f"its result file {row.result_uri} is gone; the task runs again")
         if decision.lost:
             self._attempt_ended(AttemptEnded(inst.key, inst.attempt, "lost", row.started_at,
                                          time.time(), "",
@@ -312,6 +341,11 @@ class Runner:
                 if inst.state == _SUCCEEDED:
                     restored.append(inst)
                     continue
+                if inst.state == _WAITING_APPROVAL:      # its gate stays open
+                    dg = self.latest_request.get(inst.key, "")
+                    deadline, on_timeout = self.requested.get(dg, (None, "fail"))
+                    self.gates[inst.key] = (inst, dg, deadline, on_timeout)
+                    continue
             failed_up = self.plan.link(inst)
             if inst.state == _READY:
                 self.ready.append(inst)
@@ -338,6 +372,8 @@ class Runner:
         self.executor.start(workers=self.workers, on_complete=self._on_complete)
         with quiet_gc():
             try:
+                if self.prior is not None:
+                    self._load_signals()
                 self._adopt(self.plan.instantiate())
                 return self._loop()
             finally:
@@ -350,6 +386,8 @@ class Runner:
             self._check_lease()
             if not self.cancelling and self._cancel_seen():
                 self._start_cancel("cancel requested")
+            elif self.gates and not self.cancelling:
+                self._poll_gates()
 
     def _loop(self) -> str:
         workers = self.workers
@@ -367,6 +405,12 @@ class Runner:
                 continue
             if self.active <= 0 and self.inflight == 0 and not self.ready:
                 break
+            if self.gates and not self.wait_approvals and not self.cancelling \
+                    and self.inflight == 0 and not self.ready and not self._retries_due():
+                self._poll_gates()          # a decision may be there already
+                if not self.ready and self.gates:
+                    return self._finish_waiting()
+                continue
             if self.cancelling and self.inflight == 0:
                 break
             if self.cancelling and self.cancel_deadline is not None \
@@ -380,6 +424,9 @@ class Runner:
             self._drain()
             self._fire_timers()
         return self._finish()
+
+    def _retries_due(self) -> bool:
+        return any(kind == "retry" for _, _, kind, _ in self.timers)
 
     def _wait(self) -> None:
         if self.inbox:
@@ -437,6 +484,8 @@ class Runner:
         inst.fp = finish_fingerprint(base, literals, ups)
         if opts.cache:
             hit = self.cache.get(inst.fp)
+            if hit is not None and hit[5] is not None and not self.store.blob_exists(hit[5]):
+                hit = None      # its result file is gone: run the task instead
             if hit is not None:
                 src_run, src_key, chash, kind, data, uri, size = hit
                 inst.hash = chash
@@ -447,12 +496,17 @@ class Runner:
                 self._move(inst, _SUCCEEDED, f"cached: same fingerprint as {src_run}/{src_key}")
                 self._unlock(inst)
                 return
+        if opts.approve is not None and not self._gate_passed(inst, literals, ups):
+            return
         inst.attempt += 1
         inst.used += 1
         self.next_job += 1
         job = Job(id=self.next_job, run_id=self.run_id, task_key=inst.key,
                   attempt=inst.attempt, fn=node.task, args=args, kwargs=kwargs,
-                  timeout=opts.timeout, task_name=node.task.name)  # idempotency key: lazily
+                  timeout=opts.timeout, task_name=node.task.name,  # idempotency key: lazily
+                  echo=self.echo, code_version=node.task.version,
+                  approvals=self._decisions_for(inst.key) if self.decided else {},
+                  steps=self.steps.get(inst.key, _NO_STEPS))
         inst.job = job
         self.jobs[job.id] = inst
         self.inflight += 1
@@ -485,6 +539,117 @@ class Runner:
                                          error_type=type(exc).__name__,
                                          error_message=f"executor could not start it: {exc}",
                                          started_at=now, ended_at=now, has_value=False))
+
+    # -- approval gates -------------------------------------------------------------------
+    def _gate_passed(self, inst: Instance, literals: bytes, ups: Any) -> bool:
+        """A task gate: True if approved; else the task waits (or fails if refused)."""
+        gate = inst.node.task.options.approve
+        assert gate is not None
+        dg = task_digest(self.run_id, inst.key, inst.node.task.version, literals, ups)
+        dec = self.decided.get(dg)
+        if dec is None:
+            inputs = {u.key: u.hash or "" for u in inst.up} if inst.up else {}
+            self._request(inst, dg, gate.action or "run", self._summary(inst), inputs, gate)
+            return False
+        if dec["decision"] != APPROVED:
+            self._refused(inst, dec)
+            return False
+        self._journal_decision(dec)
+        return True
+
+    def _summary(self, inst: Instance) -> str:
+        node = inst.node
+        names = list(inspect.signature(node.task.fn).parameters)
+        shown = [f"<result of {a.key}>" if isinstance(a, (TaskRef, MapRef)) else a
+                 for a in node.args]
+        kwargs = {k: (f"<result of {v.key}>" if isinstance(v, (TaskRef, MapRef)) else v)
+                  for k, v in node.kwargs.items()}
+        if node.is_map:
+            shown = [inst.item if inst.has_item else f"<item of {node.source.key}>"]
+        return summarize(names, shown, kwargs)
+
+    def _request(self, inst: Instance, dg: str, action: str, summary: str,
+                 inputs: dict[str, str], gate: Approval) -> None:
+        """Open a gate: record the request (once per digest) and wait for a decision."""
+        now = time.time()
+        deadline = now + gate.timeout if gate.timeout is not None else None
+        known = self.requested.get(dg)
+        if known is None:
+            self.buf.append(ApprovalRequested(inst.key, inst.attempt, dg, action, summary,
+                                              inputs, now, deadline, gate.on_timeout,
+                                              list(gate.approvers), gate.note))
+            self.requested[dg] = (deadline, gate.on_timeout)
+        else:
+            deadline = known[0]
+        self._move(inst, _WAITING_APPROVAL, f"approval of {action!r} requested ({dg[:12]})")
+        self.gates[inst.key] = (inst, dg, deadline, gate.on_timeout)
+
+    def _poll_gates(self) -> None:
+        """Apply decisions (from any process) and deadlines to the open gates."""
+        for d in self.store.approval_decisions(self.run_id):
+            self.decided.setdefault(d["digest"], d)
+        now = time.time()
+        for key, (inst, dg, deadline, on_timeout) in list(self.gates.items()):
+            dec = self.decided.get(dg)
+            if dec is None and deadline is not None and now >= deadline:
+                verdict = EXPIRED if on_timeout == "fail" else REJECTED
+                try:
+                    dec = self.store.decide(self.run_id, key, dg, verdict,
+                                            "ledgerflow (deadline)",
+                                            "no decision before the deadline")
+                except ApprovalConflictError:     # decided meanwhile by someone
+                    continue
+                self.decided[dg] = dec
+            if dec is None:
+                continue
+            del self.gates[key]
+            if dec["decision"] == APPROVED:
+                self._journal_decision(dec)
+                self._move(inst, _READY, f"approved by {dec['decided_by']}")
+                self.ready.append(inst)
+            else:
+                self._refused(inst, dec)
+
+    def _refused(self, inst: Instance, dec: dict[str, Any]) -> None:
+        self._journal_decision(dec)
+        self.gates.pop(inst.key, None)
+        why = dec["decision"] if dec["decision"] != EXPIRED else "expired"
+        self._give_up(inst, f"{why}: {dec.get('reason') or 'no reason given'} "
+                            f"(by {dec.get('decided_by')})")
+
+    def _journal_decision(self, dec: dict[str, Any]) -> None:
+        if dec["digest"] not in self.journaled:
+            self.journaled.add(dec["digest"])
+            self.buf.append(ApprovalDecided(dec["task_key"], dec["digest"], dec["decision"],
+                                            dec.get("decided_by") or "", dec.get("reason") or "",
+                                            float(dec.get("decided_at") or time.time())))
+
+    def _decisions_for(self, key: str) -> dict[str, Decision]:
+        return {dg: Decision(d["decision"], d.get("decided_by") or "", d.get("reason") or "",
+                             float(d.get("decided_at") or 0), dg)
+                for dg, d in self.decided.items() if d["task_key"] == key}
+
+    def _load_signals(self) -> None:
+        """What a prior drive recorded: requests, decisions and step results."""
+        for r in self.store.approvals(self.run_id):
+            self.requested[r["digest"]] = (r["deadline"], r["on_timeout"])
+            if r["state"] != "pending":
+                self.decided[r["digest"]] = {
+                    "task_key": r["task_key"], "digest": r["digest"], "decision": r["state"],
+                    "decided_by": r["decided_by"], "reason": r["reason"],
+                    "decided_at": r["decided_at"]}
+            if r["current"]:
+                self.latest_request[r["task_key"]] = r["digest"]
+        for d in self.store.approval_decisions(self.run_id):
+            self.decided.setdefault(d["digest"], d)
+        for st in self.store.steps(self.run_id):
+            self.steps.setdefault(st["task_key"], {})[st["name"]] = (st["kind"], st["data"])
+
+    def _finish_waiting(self) -> str:
+        """Nothing can run until a person decides: stop driving, the run ``waiting``."""
+        self._move_run(RunState.WAITING, f"{len(self.gates)} approval(s) pending")
+        self._commit()
+        return RunState.WAITING.value
 
     def _cancel_seen(self) -> bool:
         if self.lease_probe is not None and self.lease is not None \
@@ -561,6 +726,9 @@ class Runner:
         self.inflight -= 1
         self.finished[c.job_id] = (inst, inst.attempt)
         inst.job = None
+        if c.log:
+            self.buf.append(LogRecorded(inst.key, inst.attempt, "output", c.log,
+                                        c.log_dropped))
         limit = inst.node.task.options.timeout
         if limit is not None and c.outcome == "ok" and c.ended_at - c.started_at > limit \
                 and inst.state == _RUNNING:
@@ -577,11 +745,25 @@ class Runner:
             return
         self._attempt_ended(AttemptEnded(inst.key, inst.attempt, c.outcome, c.started_at,
                                      c.ended_at, c.error_type, c.error_message, c.traceback))
+        if c.steps:
+            recorded = self.steps.setdefault(inst.key, {})
+            for name, kind, data, step_hash in c.steps:
+                recorded[name] = (kind, data)
+                self.buf.append(StepRecorded(inst.key, inst.attempt, name, kind, data,
+                                             step_hash))
         for direction, uri, chash, attrs in c.lineage:
             self.buf.append(ArtifactRecorded(inst.key, inst.attempt, direction, uri, chash,
                                              attrs))
         if c.outcome == "ok":
             self._succeed(inst, c)
+        elif c.outcome == "waiting" and c.approval is not None and inst.state == _RUNNING:
+            inst.used -= 1                  # waiting at a gate uses no attempt of the budget
+            req = c.approval
+            gate = Approval(timeout=req["timeout"], on_timeout=req["on_timeout"],
+                            approvers=tuple(req["approvers"]), note=req["note"])
+            self._request(inst, req["digest"], req["action"], req["summary"], {}, gate)
+            if req["digest"] in self.decided:         # decided already: apply it now
+                self._poll_gates()
         elif inst.state == _CANCELLING:
             if c.outcome in ("cancelled", "lost"):
                 self._move(inst, _CANCELLED, "executor confirmed it stopped")

@@ -21,6 +21,7 @@ class TaskState(str, Enum):
 
     PENDING = "pending"
     READY = "ready"
+    WAITING_APPROVAL = "waiting_approval"
     RUNNING = "running"
     RETRY_WAIT = "retry_wait"
     CANCELLING = "cancelling"
@@ -37,11 +38,14 @@ class RunState(str, Enum):
     """Where a run is in its life. Values are persisted: never rename one.
 
     ``submitted``: recorded by ``pipeline submit``, waiting for a driver
-    (``pipeline worker`` or ``pipeline resume`` takes it over).
+    (``pipeline worker`` or ``pipeline resume`` takes it over). ``waiting``:
+    nothing can run until a person decides an open approval gate; its driver
+    stopped (exit code 3) and a resume continues it once decided.
     """
 
     SUBMITTED = "submitted"
     RUNNING = "running"
+    WAITING = "waiting"
     CANCELLING = "cancelling"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -59,6 +63,8 @@ class Outcome(str, Enum):
     TIMEOUT = "timeout"
     CANCELLED = "cancelled"
     LOST = "lost"
+    #: the attempt stopped at an in-task approval gate; it runs again once decided
+    WAITING = "waiting"
 
     def __str__(self) -> str:
         return self.value
@@ -67,11 +73,16 @@ class Outcome(str, Enum):
 _T = TaskState
 #: Legal task transitions within one drive. ``ready -> succeeded`` is a cache
 #: hit: a committed result with the same fingerprint is reused, no attempt runs;
-#: ``ready -> failed``: its upstream results could not be loaded (no attempt ran).
+#: ``ready -> failed``: its upstream results could not be loaded (no attempt ran),
+#: or its approval was rejected or expired. ``ready -> waiting_approval``: a gate
+#: on the task asks first; ``running -> waiting_approval``: a gate inside it did.
 TASK_TRANSITIONS: Final[Mapping[TaskState, frozenset[TaskState]]] = {
     _T.PENDING: frozenset({_T.READY, _T.CANCELLED, _T.UPSTREAM_FAILED}),
-    _T.READY: frozenset({_T.RUNNING, _T.SUCCEEDED, _T.CANCELLED, _T.FAILED}),
-    _T.RUNNING: frozenset({_T.SUCCEEDED, _T.RETRY_WAIT, _T.FAILED, _T.CANCELLING}),
+    _T.READY: frozenset({_T.RUNNING, _T.SUCCEEDED, _T.CANCELLED, _T.FAILED,
+                         _T.WAITING_APPROVAL}),
+    _T.WAITING_APPROVAL: frozenset({_T.READY, _T.FAILED, _T.CANCELLED}),
+    _T.RUNNING: frozenset({_T.SUCCEEDED, _T.RETRY_WAIT, _T.FAILED, _T.CANCELLING,
+                           _T.WAITING_APPROVAL}),
     _T.RETRY_WAIT: frozenset({_T.READY, _T.FAILED, _T.CANCELLED}),
     _T.CANCELLING: frozenset({_T.CANCELLED, _T.SUCCEEDED, _T.FAILED}),
     _T.SUCCEEDED: frozenset(),
@@ -81,8 +92,10 @@ TASK_TRANSITIONS: Final[Mapping[TaskState, frozenset[TaskState]]] = {
 }
 
 #: The only edges a resume adds: a task that did not succeed goes back to
-#: ``pending`` with a fresh attempt budget.
+#: ``pending`` with a fresh attempt budget; so does a success whose result file
+#: is gone (deleted by hand), since nothing can read it any more.
 TASK_RESUME_TRANSITIONS: Final[Mapping[TaskState, frozenset[TaskState]]] = {
+    _T.SUCCEEDED: frozenset({_T.PENDING}),
     _T.FAILED: frozenset({_T.PENDING}),
     _T.CANCELLED: frozenset({_T.PENDING}),
     _T.UPSTREAM_FAILED: frozenset({_T.PENDING}),
@@ -92,17 +105,21 @@ TASK_RESUME_TRANSITIONS: Final[Mapping[TaskState, frozenset[TaskState]]] = {
 TERMINAL: Final[frozenset[TaskState]] = frozenset(
     s for s, targets in TASK_TRANSITIONS.items() if not targets)
 #: Terminal but not a success (a resume resets these).
-FAILED_LIKE: Final[frozenset[TaskState]] = frozenset(TASK_RESUME_TRANSITIONS)
+FAILED_LIKE: Final[frozenset[TaskState]] = frozenset(TASK_RESUME_TRANSITIONS) - {_T.SUCCEEDED}
 #: A task whose attempt may still be executing somewhere.
 IN_FLIGHT: Final[frozenset[TaskState]] = frozenset({_T.RUNNING, _T.CANCELLING})
 #: A task a cancel moves straight to ``cancelled`` (nothing of it runs).
-NOT_STARTED: Final[frozenset[TaskState]] = frozenset({_T.PENDING, _T.READY, _T.RETRY_WAIT})
+NOT_STARTED: Final[frozenset[TaskState]] = frozenset({_T.PENDING, _T.READY, _T.RETRY_WAIT,
+                                                      _T.WAITING_APPROVAL})
 
 _R = RunState
 #: Legal run transitions within one drive.
 RUN_TRANSITIONS: Final[Mapping[RunState, frozenset[RunState]]] = {
     _R.SUBMITTED: frozenset({_R.CANCELLED}),
-    _R.RUNNING: frozenset({_R.SUCCEEDED, _R.FAILED, _R.CANCELLING, _R.CANCELLED}),
+    _R.RUNNING: frozenset({_R.SUCCEEDED, _R.FAILED, _R.CANCELLING, _R.CANCELLED,
+                           _R.WAITING}),
+    # a waiting run that is cancelled, or whose gate expires, with no driver left
+    _R.WAITING: frozenset({_R.CANCELLED, _R.FAILED}),
     _R.CANCELLING: frozenset({_R.CANCELLED, _R.FAILED, _R.SUCCEEDED}),
     _R.SUCCEEDED: frozenset(),
     _R.FAILED: frozenset(),
@@ -114,6 +131,7 @@ RUN_TRANSITIONS: Final[Mapping[RunState, frozenset[RunState]]] = {
 RUN_RESUME_TRANSITIONS: Final[Mapping[RunState, frozenset[RunState]]] = {
     _R.SUBMITTED: frozenset({_R.RUNNING}),
     _R.RUNNING: frozenset({_R.RUNNING}),
+    _R.WAITING: frozenset({_R.RUNNING}),
     _R.CANCELLING: frozenset({_R.RUNNING}),
     _R.FAILED: frozenset({_R.RUNNING}),
     _R.CANCELLED: frozenset({_R.RUNNING}),

@@ -91,5 +91,33 @@ class RunStore(Protocol):
     def blob_exists(self, uri: str) -> bool:
         """True if the result file behind ``uri`` is still there."""
 
+    def decide(self, run_id: str, task_key: str, digest: str, decision: str, by: str,
+               reason: str) -> dict[str, Any]:
+        """Record a decision on the approval request ``digest`` from any process.
+
+        Atomic: of two deciders of one request exactly one wins; the others get
+        ApprovalConflictError. Returns the decision (``decided_at`` set).
+        """
+
+    def approval_decisions(self, run_id: str) -> list[dict[str, Any]]:
+        """Every decision made on the run's requests (recorded or not yet journaled)."""
+
+    def approvals(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's approval requests, each with its decision (``state``)."""
+
+    def steps(self, run_id: str) -> list[dict[str, Any]]:
+        """Results of steps tasks recorded (``context().step``)."""
+
+    def recover(self) -> None:
+        """Bring what is derived from the records up to date (e.g. fold the journals a
+        killed driver left). Called by commands that may write, before they read."""
+
+    def doctor(self) -> list[dict[str, Any]]:
+        """What is wrong with the store: ``{"problem", "what", "fix"}`` per finding."""
+
+    def repair(self) -> tuple[str, list[str]]:
+        """Rebuild derived state from the records; return (where the old copy is kept,
+        what could not be kept)."""
+
     def close(self) -> None:
         """Release files and connections."""

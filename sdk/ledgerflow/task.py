@@ -8,15 +8,20 @@ returns a :class:`MapRef`.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextvars
 import functools
+import inspect
 import sys
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
+from .approval import Approval, gate_of
 from .context import current_build
-from .errors import DefinitionError, NonRetryableError
+from .errors import DefinitionError, NonRetryableError, PipelineBodyError
 from .keys import code_version
 
 P = ParamSpec("P")
@@ -40,6 +45,8 @@ class TaskOptions:
     cache: bool = True
     version: str | None = None
     name: str | None = None
+    #: A gate before the task's first attempt (see :mod:`ledgerflow.approval`).
+    approve: Approval | None = None
 
     def delay(self, failures: int, rand: float) -> float:
         """Seconds to wait before the next attempt after ``failures`` failures."""
@@ -55,8 +62,87 @@ class TaskOptions:
         return isinstance(exc, self.retry_on)
 
 
-@dataclass(frozen=True, slots=True)
-class TaskRef:
+def _in_event_loop(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Call an ``async def`` task to completion (a fresh event loop per attempt).
+
+    When a loop already runs in this thread (a notebook's), the coroutine runs
+    in a helper thread with this thread's context (run id, output capture).
+    """
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        coro = fn(*args, **kwargs)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(coro)
+        ctx = contextvars.copy_context()
+        with concurrent.futures.ThreadPoolExecutor(1, "ledgerflow-async") as pool:
+            return pool.submit(ctx.run, asyncio.run, coro).result()
+    return call
+
+
+def _misuse(ref: Any, what: str) -> DefinitionError:
+    """The error for using a reference as if it were a value, at the user's line."""
+    frame = sys._getframe(2)
+    where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    kind = "fan-out" if isinstance(ref, MapRef) else "task"
+    return PipelineBodyError(
+        f"{what} on the result of {kind} {ref.key!r} in the pipeline body ({where}): "
+        "while the body is traced, task results are references, not values yet",
+        hint="do it inside a task, e.g. @task def step(x): return x + 1, and pass the "
+        "result to it", where=where)
+
+
+class _NotAValue:
+    """Operations a pipeline body cannot do on a task result: each raises, naming the line."""
+
+    __slots__ = ()
+
+    def __bool__(self) -> bool:
+        raise _misuse(self, "a truth test (if/and/or/not)")
+
+    def __iter__(self) -> Any:
+        raise _misuse(self, "iterating")
+
+    def __len__(self) -> int:
+        raise _misuse(self, "len()")
+
+    def __getitem__(self, item: Any) -> Any:
+        raise _misuse(self, f"indexing [{item!r}]")
+
+    def __contains__(self, item: Any) -> bool:
+        raise _misuse(self, "'in'")
+
+    def __lt__(self, other: Any) -> bool:
+        raise _misuse(self, "a comparison")
+
+    __le__ = __gt__ = __ge__ = __lt__
+
+    def __add__(self, other: Any) -> Any:
+        raise _misuse(self, "arithmetic")
+
+    __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = __add__
+    __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = __pow__ = __rpow__ = __add__
+    __matmul__ = __and__ = __or__ = __xor__ = __add__
+
+    def __neg__(self) -> Any:
+        raise _misuse(self, "arithmetic")
+
+    def __int__(self) -> int:
+        raise _misuse(self, "int()")
+
+    def __float__(self) -> float:
+        raise _misuse(self, "float()")
+
+    def __index__(self) -> int:
+        raise _misuse(self, "use as a number")
+
+    def __format__(self, spec: str) -> str:
+        raise _misuse(self, "formatting into text (f-string)")
+
+
+@dataclass(frozen=True, slots=True, eq=True)
+class TaskRef(_NotAValue):
     """The result of a task call while a pipeline is being traced."""
 
     key: str
@@ -65,8 +151,8 @@ class TaskRef:
         return f"TaskRef({self.key!r})"
 
 
-@dataclass(frozen=True, slots=True)
-class MapRef:
+@dataclass(frozen=True, slots=True, eq=True)
+class MapRef(_NotAValue):
     """The results of a ``.map`` fan-out (a list, in item order)."""
 
     key: str
@@ -98,7 +184,9 @@ class Task(Generic[P, R]):
         self.options = options
         self.name: str = options.name or fn.__name__
         self._version: str | None = options.version
-        self._plain = fn          # what executors call (no tracing check on the hot path)
+        # what executors call (no tracing check on the hot path); a coroutine function
+        # runs to completion in an event loop of its own, once per attempt
+        self._plain = _in_event_loop(fn) if inspect.iscoroutinefunction(fn) else fn
         functools.update_wrapper(self, fn)
 
     @property
@@ -154,7 +242,6 @@ class Task(Generic[P, R]):
         return b""
 
     def _accepts_after(self) -> bool:
-        import inspect
         return "after" in inspect.signature(self.fn).parameters
 
     def __repr__(self) -> str:
@@ -178,14 +265,17 @@ def task(*, retries: int = 0, retry_delay: float = 0.0, backoff: float = 1.0,
          jitter: float = 0.0, timeout: float | None = None,
          retry_on: type[BaseException] | Sequence[type[BaseException]] | None = None,
          cache: bool = True, version: str | None = None,
-         name: str | None = None) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+         name: str | None = None,
+         approve: bool | Approval | None = None) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
 def task(fn: Callable[P, R] | None = None, /, *, retries: int = 0, retry_delay: float = 0.0,
          backoff: float = 1.0, jitter: float = 0.0, timeout: float | None = None,
          retry_on: type[BaseException] | Sequence[type[BaseException]] | None = None,
          cache: bool = True, version: str | None = None,
-         name: str | None = None) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
+         name: str | None = None,
+         approve: bool | Approval | None = None
+         ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Make a function a task; use bare or with options.
 
     Args:
@@ -199,6 +289,8 @@ def task(fn: Callable[P, R] | None = None, /, *, retries: int = 0, retry_delay: 
         cache: reuse a committed result with the same fingerprint.
         version: pin the code version instead of hashing the source.
         name: the task name (default: the function name).
+        approve: ask a person before the first attempt: ``True`` or an
+            ``Approval(timeout=..., on_timeout="fail"|"reject", approvers=[...])``.
 
     Example:
         >>> @task(retries=2)
@@ -224,7 +316,7 @@ def task(fn: Callable[P, R] | None = None, /, *, retries: int = 0, retry_delay: 
         kinds = tuple(retry_on)
     options = TaskOptions(retries=retries, retry_delay=retry_delay, backoff=backoff,
                           jitter=jitter, timeout=timeout, retry_on=kinds, cache=cache,
-                          version=version, name=name)
+                          version=version, name=name, approve=gate_of(approve))
 
     def wrap(f: Callable[P, R]) -> Task[P, R]:
         if isinstance(f, Task):

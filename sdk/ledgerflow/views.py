@@ -13,7 +13,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .records import ArtifactRecorded, AttemptEnded, LogRecorded, Notice
+from .records import (
+    ApprovalDecided,
+    ApprovalRequested,
+    ArtifactRecorded,
+    AttemptEnded,
+    LogRecorded,
+    Notice,
+    StepRecorded,
+)
 from .states import FAILED_LIKE, RUN_ACTIVE, TaskState
 
 
@@ -125,7 +133,7 @@ def error_text(outcome: str, error_type: str, error_message: str) -> str | None:
     """
     if outcome == "ok":
         return None
-    if outcome in ("timeout", "lost", "cancelled"):
+    if outcome in ("timeout", "lost", "cancelled", "waiting"):
         return f"{outcome}: {error_message}" if error_message else outcome
     return f"{error_type}: {error_message}" if error_type else error_message
 
@@ -144,6 +152,48 @@ def log_dict(r: LogRecorded) -> dict[str, Any]:
             "text": r.text, "dropped": r.dropped}
 
 
+def approval_rows(requests: Iterable[ApprovalRequested],
+                  decisions: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each approval request with its decision (``pending`` when none), the latest
+    request of each task marked ``current`` (an older one was superseded)."""
+    decided: dict[tuple[str, str], Mapping[str, Any]] = {}
+    for made in decisions:
+        decided.setdefault((made["task_key"], made["digest"]), made)
+    out: list[dict[str, Any]] = []
+    latest: dict[str, int] = {}
+    for r in requests:
+        d = decided.get((r.task_key, r.digest))
+        row = {"task_key": r.task_key, "attempt": r.attempt, "digest": r.digest,
+               "action": r.action, "summary": r.summary, "inputs": dict(r.inputs),
+               "requested_at": r.requested_at, "deadline": r.deadline,
+               "on_timeout": r.on_timeout, "approvers": list(r.approvers), "note": r.note,
+               "state": d["decision"] if d else "pending",
+               "decided_by": d.get("decided_by") if d else None,
+               "reason": d.get("reason") if d else None,
+               "decided_at": d.get("decided_at") if d else None, "current": True}
+        if r.task_key in latest:
+            prev = out[latest[r.task_key]]
+            if prev["digest"] != r.digest:
+                prev["current"] = False
+            else:
+                out[latest[r.task_key]] = row      # the same request asked again: one row
+                continue
+        latest[r.task_key] = len(out)
+        out.append(row)
+    return out
+
+
+def decision_dict(r: ApprovalDecided) -> dict[str, Any]:
+    """A journaled decision, in the shape decision files have."""
+    return {"task_key": r.task_key, "digest": r.digest, "decision": r.decision,
+            "decided_by": r.decided_by, "reason": r.reason, "decided_at": r.decided_at}
+
+
+def step_dict(r: StepRecorded) -> dict[str, Any]:
+    return {"task_key": r.task_key, "attempt": r.attempt, "name": r.name, "kind": r.kind,
+            "data": r.data, "content_hash": r.content_hash}
+
+
 def notice_dict(r: Notice) -> dict[str, Any]:
     """A notice as the CLI's and the API's JSON show it."""
     return {"task_key": r.task_key, "attempt": r.attempt, "kind": r.kind,
@@ -151,8 +201,10 @@ def notice_dict(r: Notice) -> dict[str, Any]:
 
 
 def lineage_rows(view: RunView, artifacts: Iterable[ArtifactRecorded],
-                 task_key: str | None) -> list[dict[str, Any]]:
-    """Upstream results read, the result produced, and recorded artifacts."""
+                 task_key: str | None,
+                 approvals: Iterable[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    """Upstream results read, the result produced, recorded artifacts, and the
+    approval decisions a task ran under (direction ``approval``)."""
     out: list[dict[str, Any]] = []
     children: dict[str, list[TaskRow]] = {}
     for row in view.tasks.values():
@@ -183,6 +235,16 @@ def lineage_rows(view: RunView, artifacts: Iterable[ArtifactRecorded],
                         "content_hash": r.content_hash,
                         "code_version": made.code_version if made else None,
                         "attrs": dict(r.attrs or {})})
+    for a in approvals:
+        if a["state"] != "pending" and (task_key is None or a["task_key"] == task_key):
+            made = view.tasks.get(a["task_key"])
+            out.append({"task_key": a["task_key"], "attempt": a["attempt"],
+                        "direction": "approval", "uri": f"approval:{a['digest']}",
+                        "content_hash": a["digest"],
+                        "code_version": made.code_version if made else None,
+                        "attrs": {"action": a["action"], "decision": a["state"],
+                                  "decided_by": a["decided_by"] or "",
+                                  "reason": a["reason"] or ""}})
     return out
 
 

@@ -227,4 +227,4 @@ def test_logs_approvals_and_usage_panels_appear_once_run_has_them(
     assert calls == [(rid, "shaky", "ab12" * 16, "looks right", store)]
     status, doc = call("POST", f"/api/runs/{rid}/reject", {"task_key": "shaky"},
                        {"X-Ledgerflow-Token": "tok"})
-    assert status == 501 and "reject" in json.loads(doc)["error"]
+    assert status == 400 and "needs a reason" in json.loads(doc)["error"]

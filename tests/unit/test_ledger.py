@@ -134,7 +134,8 @@ def test_a_superseded_driver_cannot_write(tmp_path: Path) -> None:
     doc = json.loads(lease_file.read_text())
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()
-    old._beats["r1"].stop()     # the old driver froze: its heartbeat stops
+    old._beats["r1"].stop()     # the old driver is gone: its heartbeat stops and the
+    old.journals.stop("r1")     # lock on its journal goes with its file descriptor
     lease_file.write_text(json.dumps({**doc, "pid": int(dead), "start": None}))
     new = DuckDBStore(path)
     taken = new.take_over("r1")
@@ -149,9 +150,11 @@ def test_a_superseded_driver_cannot_write(tmp_path: Path) -> None:
     kinds = [n["kind"] for n in new.notices("r1")]
     assert kinds == ["stale_driver_rejected"]
     # and its heartbeat notices the takeover, after which its appends are refused
-    old._beats["r1"] = beat = Heartbeat(old.leases, "r1", 1)
+    old._beats["r1"] = beat = Heartbeat(old.leases, "r1", 1,
+                                        lambda: old.journals.newest_token("r1"))
     beat.beat()
     assert beat.fenced
+    old.journals.start("r1", 1)      # even with its segment open again, it cannot write
     with pytest.raises(LeaseLostError):
         old.append(lease, [RunStateChanged("failed", "stale", now)])
 
@@ -168,3 +171,21 @@ def test_spec_file_in_toml(tmp_path: Path, ledger: str) -> None:
     run = ledgerflow.run(str(spec), store=ledger, executor="inline")
     assert run.state == "succeeded" and run.result("count") == 4
     assert ledgerflow.runs(store=ledger)[0].pipeline == "counting"
+
+
+def test_a_live_driver_is_not_taken_over_when_its_lease_file_is_deleted(tmp_path: Path) -> None:
+    path = str(tmp_path / "ledger.duckdb")
+    driver = DuckDBStore(path)
+    now = time.time()
+    lease = driver.create_run("r1", [RunDefined("r1", "p", None, "{}", now, "{}"),
+                                     RunStateChanged("running", "", now)])
+    (Path(path + ".d") / "runs" / "r1" / "lease").unlink()
+    other = DuckDBStore(path)
+    assert other.driver_alive("r1")          # its journal lock still says so
+    with pytest.raises(ledgerflow.NotResumableError, match="still being driven"):
+        other.take_over("r1")
+    driver._beats["r1"].beat()               # the heartbeat writes the lease back
+    assert (Path(path + ".d") / "runs" / "r1" / "lease").exists()
+    driver.append(lease, [RunStateChanged("succeeded", "", now + 1)])
+    driver.release(lease)
+    assert other.get_run("r1").state == "succeeded"

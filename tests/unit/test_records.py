@@ -14,6 +14,8 @@ from ledgerflow.control import load_module
 from ledgerflow.records import (
     FORMAT_VERSION,
     KINDS,
+    ApprovalDecided,
+    ApprovalRequested,
     ArtifactRecorded,
     AttemptEnded,
     DriverHeader,
@@ -22,6 +24,8 @@ from ledgerflow.records import (
     ResultRecorded,
     RunDefined,
     RunStateChanged,
+    StepRecorded,
+    Takeover,
     TaskCreated,
     Transition,
 )
@@ -39,6 +43,11 @@ SAMPLES = [
     ArtifactRecorded("m[a]", 1, "output", "file:///x?y=1", None, {"rows": "3"}),
     Notice(None, None, "stale_driver_rejected", "rejected 3 record(s)", 7.5),
     LogRecorded("m[a]", 1, "output", "hello\n\tworld \u2603\n", 120),
+    Takeover(1, 4096, 8.5),
+    ApprovalRequested("publish", 0, "ab" * 16, "run", 'target="prod"', {"build": "h1"}, 9.5,
+                      None, "fail", ["ana", "bo"], "publishes the index"),
+    ApprovalDecided("publish", "ab" * 16, "approved", "ana", "looks right", 10.5),
+    StepRecorded("notify", 1, "compose", "json", '"3 items"', "h2"),
 ]
 
 

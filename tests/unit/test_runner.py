@@ -36,6 +36,18 @@ def step(log: str, name: str, delay: float = 0.0, *deps: object) -> str:
     return name
 
 
+@task
+def meet(log: str, name: str, other: str, *deps: object) -> str:
+    """Start, then wait (up to 30 s) until ``other`` started too: ends only if both ran
+    at once."""
+    _log(Path(log), name, "start")
+    end = time.monotonic() + 30
+    while time.monotonic() < end and f" {other} start" not in Path(log).read_text():
+        time.sleep(0.01)
+    _log(Path(log), name, "end")
+    return name
+
+
 def _states(run: ledgerflow.Run) -> dict[str, tuple[str, int]]:
     return {t.key: (t.state, t.attempts) for t in run.status().tasks.values()}
 
@@ -67,8 +79,8 @@ def test_diamond_runs_branches_concurrently(tmp_path: Path, ledger: str, executo
     @pipeline
     def diamond():
         a = step(log, "A")
-        b = step(log, "B", 0.4, a)
-        c = step(log, "C", 0.4, a)
+        b = meet(log, "B", "C", a)
+        c = meet(log, "C", "B", a)
         return step(log, "D", 0.0, b, c)
 
     run = diamond.run(store=ledger, workers=2,
@@ -481,3 +493,24 @@ def test_objects_the_program_froze_stay_frozen() -> None:
         assert gc.get_freeze_count() > frozen - 100
     finally:
         gc.unfreeze()
+
+
+@task
+def tick(i: int) -> int:
+    time.sleep(0.01)
+    return i
+
+
+@pipeline
+def ticks(n: int = 300):
+    return tick.map(list(range(n)))
+
+
+def test_cancel_is_honoured_between_tasks_on_inline(ledger: str) -> None:
+    run = ticks.run(store=ledger, executor="inline", wait=False)
+    wait_until(lambda: run.status().counts().get("succeeded", 0) >= 20, what="20 tasks")
+    ledgerflow.cancel(run.run_id, store=ledger)        # as another process would
+    assert run.wait(timeout=30) == "cancelled"
+    counts = run.status().counts()
+    assert counts.get("succeeded", 0) < 150, counts
+    assert counts["cancelled"] == 300 - counts.get("succeeded", 0)

@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from ledgerflow.errors import MissingResultError
 from ledgerflow.results import Encoded, decode
 
 #: JSON results up to this many bytes are kept inline in the ledger.
@@ -51,6 +52,10 @@ class Blobs:
         if uri is None:
             return decode(kind, (data or "null").encode())
         path = self.path(uri)
+        if not path.exists():
+            raise MissingResultError(f"result file {path} is missing",
+                                     hint="pipeline resume RUN_ID runs the task that made it "
+                                     "again; pipeline doctor lists missing files")
         if kind == "arrow":
             import pyarrow.parquet as pq
             return pq.read_table(path)

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import duckdb
 
-from ledgerflow.errors import NotALedgerError, StoreError, StoreLockedError
+from ledgerflow.errors import DamagedLedgerError, NotALedgerError, StoreError, StoreLockedError
 
 from . import schema
 
@@ -33,6 +33,23 @@ def process_lock(path: str) -> threading.RLock:
     """The lock this process holds while it has ``path`` open."""
     with _PL_GUARD:
         return _PROCESS_LOCKS.setdefault(path, threading.RLock())
+
+
+_DAMAGE = ("corrupt", "checksum", "could not read", "truncated", "invalid block",
+           "failed to read", "serialization", "not a valid duckdb")
+
+
+def is_damage(exc: BaseException) -> bool:
+    """True if a DuckDB error says the file itself is damaged (not a lock, not our SQL)."""
+    msg = str(exc).lower()
+    return isinstance(exc, (duckdb.IOException, duckdb.SerializationException,
+                            duckdb.InternalException)) or any(w in msg for w in _DAMAGE)
+
+
+def damaged(location: str, exc: BaseException) -> DamagedLedgerError:
+    """The error for a ledger file DuckDB cannot read."""
+    first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+    return DamagedLedgerError(f"ledger {location} is damaged: {first}")
 
 
 def is_lock_error(exc: BaseException) -> bool:
@@ -86,6 +103,10 @@ class Ledger:
             try:
                 # a file with no tables yet (killed while it was created) holds nothing
                 yield None if not write and self.version == 0 else con
+            except duckdb.Error as exc:
+                if is_lock_error(exc) or not is_damage(exc):
+                    raise
+                raise damaged(self.location, exc) from None
             finally:
                 con.close()
 
@@ -101,18 +122,31 @@ class Ledger:
                     finally:
                         ro.close()
             con = duckdb.connect(self.location, read_only=not write)
-        except duckdb.IOException as exc:
+        except duckdb.Error as exc:
             if is_lock_error(exc):
                 raise
             msg = str(exc)
+            if "Permission denied" in msg or "Read-only file system" in msg:
+                raise StoreError(f"cannot open ledger {self.location}: permission denied",
+                                 hint="make the folder writable, or pass --store PATH in a "
+                                 "writable folder") from None
+            if "not a valid DuckDB" in msg and os.path.getsize(self.location) == 0:
+                raise damaged(self.location, exc) from None
             if "not a valid DuckDB" in msg:
                 raise NotALedgerError(f"{self.location} is not a ledgerflow ledger "
                                       "(not a DuckDB file)") from None
+            if is_damage(exc):
+                raise damaged(self.location, exc) from None
             raise StoreError(f"cannot open ledger {self.location}: {msg}",
                              hint="check the path and its permissions") from None
         try:
             self.version = schema.migrate(con, self.location) if write \
                 else schema.check(con, self.location)
+        except duckdb.Error as exc:
+            con.close()
+            if is_lock_error(exc) or not is_damage(exc):
+                raise
+            raise damaged(self.location, exc) from None
         except BaseException:
             con.close()
             raise

@@ -27,12 +27,13 @@ from typing import Any
 
 import duckdb
 
-from ledgerflow.errors import StoreLockedError
+from ledgerflow.errors import ConfigError, StoreLockedError
 from ledgerflow.records import (
     KINDS,
     AttemptEnded,
     Record,
     ResultRecorded,
+    Takeover,
     TaskCreated,
     Transition,
     columns,
@@ -67,6 +68,23 @@ class FoldPolicy:
     #: Fold the rest when a driver releases its run (False: leave it to the next
     #: writer or ``pipeline fold``, as after a crash; for drivers that must exit fast).
     fold_at_release: bool = True
+
+    @classmethod
+    def from_env(cls) -> FoldPolicy:
+        """The defaults, with ``LEDGERFLOW_FOLD_INTERVAL`` (seconds) and
+        ``LEDGERFLOW_FOLD_WAKE_BYTES`` (journal bytes that wake the background fold)."""
+        import os
+        kw: dict[str, Any] = {}
+        for name, key, kind in (("LEDGERFLOW_FOLD_INTERVAL", "interval", float),
+                                ("LEDGERFLOW_FOLD_WAKE_BYTES", "wake_bytes", int)):
+            raw = os.environ.get(name)
+            if raw:
+                try:
+                    kw[key] = kind(raw)
+                except ValueError:
+                    raise ConfigError(f"{name} must be a number, given: {raw!r}",
+                                      hint=f"unset {name} or set it to a number") from None
+        return cls(**kw)
 
 
 def _sql_cast(ann: Any, index: int) -> str:
@@ -105,14 +123,23 @@ def _append_sql(kind: type[Record], source: str) -> str:
 _STAGED: dict[str, type[Record]] = {"E": Transition, "A": AttemptEnded, "R": ResultRecorded}
 #: Per staged kind: the per-task summary of a batch, and the ``tasks`` columns it sets.
 _SUMMARIES: dict[str, tuple[str, str]] = {
+    # a resume reset (to pending from a state) times the task afresh: its start is the
+    # first running after the last reset
     "E": ("""SELECT task_key, arg_max(to_state, seq) AS state, max(attempt) AS attempts,
-                    min(ts) FILTER (WHERE to_state = 'running') AS started_at,
+                    min(ts) FILTER (WHERE to_state = 'running' AND seq > coalesce(reset_seq, -1))
+                        AS started_at,
                     arg_max(ts, seq) AS last_at,
                     arg_max(attempt, seq) FILTER (WHERE to_state = 'pending'
-                                                  AND from_state IS NOT NULL) AS budget_base
-              FROM lf_e GROUP BY task_key""",
+                                                  AND from_state IS NOT NULL) AS budget_base,
+                    nullif(arg_min(reason, seq) FILTER (WHERE to_state IN
+                           ('failed', 'upstream_failed')), '') AS fail_reason
+              FROM (SELECT *, max(seq) FILTER (WHERE to_state = 'pending'
+                                               AND from_state IS NOT NULL)
+                              OVER (PARTITION BY task_key) AS reset_seq FROM lf_e)
+              GROUP BY task_key""",
           f"""state = coalesce(e.state, tasks.state),
-              started_at = coalesce(tasks.started_at, e.started_at),
+              started_at = CASE WHEN e.budget_base IS NOT NULL THEN e.started_at
+                                ELSE coalesce(tasks.started_at, e.started_at) END,
               ended_at = CASE WHEN e.state IN {_TERMINAL_SQL} THEN e.last_at
                               WHEN e.budget_base IS NOT NULL THEN NULL
                               ELSE tasks.ended_at END,
@@ -120,13 +147,14 @@ _SUMMARIES: dict[str, tuple[str, str]] = {
     # the error text: ledgerflow.views.error_text in SQL
     "A": ("""SELECT task_key, max(attempt) AS attempts,
                     arg_max_null(CASE WHEN outcome = 'ok' THEN NULL
-                         WHEN outcome IN ('timeout', 'lost', 'cancelled') THEN
+                         WHEN outcome IN ('timeout', 'lost', 'cancelled', 'waiting') THEN
                              CASE WHEN coalesce(error_message, '') = '' THEN outcome
                                   ELSE outcome || ': ' || error_message END
                          WHEN coalesce(error_type, '') = '' THEN error_message
                          ELSE error_type || ': ' || error_message END, i) AS error
              FROM lf_a GROUP BY task_key""",
           "error = CASE WHEN a.task_key IS NULL THEN tasks.error ELSE a.error END"),
+    # (the error column is set from A and E together: see _ERROR)
     "R": ("""SELECT task_key, arg_max_null(fingerprint, i) AS fingerprint,
                     arg_max_null(content_hash, i) AS content_hash,
                     arg_max_null(kind, i) AS kind, arg_max_null(data, i) AS data,
@@ -143,6 +171,15 @@ _SUMMARIES: dict[str, tuple[str, str]] = {
                                      ("result_attempt", "attempt")))),
 }
 
+#: The ``error`` column, by which of A and E a batch holds: an attempt's error, else why
+#: the task failed without one (a refused approval, an upstream that failed).
+_ERROR: dict[tuple[bool, bool], str] = {
+    (True, False): "error = CASE WHEN a.task_key IS NULL THEN tasks.error ELSE a.error END",
+    (False, True): "error = coalesce(tasks.error, e.fail_reason)",
+    (True, True): "error = coalesce(CASE WHEN a.task_key IS NULL THEN tasks.error "
+                  "ELSE a.error END, e.fail_reason)",
+}
+
 
 def _task_update(kinds: list[str]) -> str:
     """One UPDATE of ``tasks`` from the batch's events, attempts and results."""
@@ -150,7 +187,9 @@ def _task_update(kinds: list[str]) -> str:
     joins = " ".join(f"LEFT JOIN ({_SUMMARIES[k][0]}) {k.lower()} "
                      f"ON {k.lower()}.task_key = k.task_key" for k in kinds)
     counts = ", ".join(f"coalesce({k.lower()}.attempts, 0)" for k in kinds if k != "R")
-    sets = ", ".join(_SUMMARIES[k][1] for k in kinds)
+    sets = ", ".join(_SUMMARIES[k][1] for k in kinds if k != "A")
+    if "A" in kinds or "E" in kinds:
+        sets += ", " + _ERROR[("A" in kinds, "E" in kinds)]
     if counts:
         sets += f", attempts = greatest(tasks.attempts, {counts})"
     return (f"UPDATE tasks SET {sets} FROM ({keys}) k {joins} "
@@ -243,12 +282,14 @@ class Fold:
         self.scratch = scratch
         self.policy = policy
 
-    def run(self, con: Any, run_id: str, max_bytes: int | None = None) -> bool:
+    def run(self, con: Any, run_id: str, max_bytes: int | None = None, *,
+            segs: list[tuple[int, Path]] | None = None) -> bool:
         """Fold ``run_id``'s journal; with ``max_bytes``, stop after about that much.
 
-        Returns True if journal was left unfolded because of ``max_bytes``.
+        ``segs``: these segments (archived ones too, for a rebuild) instead of the
+        live ones. Returns True if journal was left unfolded because of ``max_bytes``.
         """
-        segs = self.journals.segments(run_id)
+        segs = self.journals.segments(run_id) if segs is None else segs
         if not segs:
             return False
         # without a limit DuckDB keeps ~1 KB a folded task cached (the limit costs
@@ -273,12 +314,17 @@ class Fold:
             "SELECT token FROM journal_damage WHERE run_id = ?", [run_id]).fetchall()}
         row = con.execute("SELECT token FROM runs WHERE run_id = ?", [run_id]).fetchall()
         current = max([(row[0][0] or 0) if row else 0, *(t for t, _ in segs)])
+        cuts = _takeover_cuts(segs)
         for token, path in segs:
             if token in damaged:
                 continue        # used up to its damage; the rest is never applied
             start = folded.get(token, 0)
-            stale = token < current and token in folded
+            cut = cuts.get(token)
+            stale = token < current and (token in folded or cut is not None)
             for body, end in iter_lines(path, start, self.policy.batch_bytes):
+                if cut is not None and start < cut:
+                    # a rebuild: what the old driver wrote before the takeover counts
+                    body, end, stale = _before(body, end, cut), min(end, cut), False
                 if self._batch(con, run_id, token, stale, path, body, end):
                     break
                 if budget is not None:
@@ -336,6 +382,29 @@ class Fold:
 
     def _scratch(self) -> Path:
         return self.scratch / f"fold-{os.getpid()}-{threading.get_ident()}.json"
+
+
+def _takeover_cuts(segs: list[tuple[int, Path]]) -> dict[int, int]:
+    """``{token: offset}``: where later segments say an earlier one ends (Takeover)."""
+    cuts: dict[int, int] = {}
+    for _, path in segs:
+        for body, _end in iter_lines(path, 0, 4096):
+            first = body.split(b"\n", 1)[0]
+            _, recs, _why = check_line(first)
+            for rec in recs:
+                if isinstance(rec, Takeover):
+                    cuts[rec.from_token] = rec.from_offset
+            break
+    return cuts
+
+
+def _before(body: bytes, end: int, cut: int) -> bytes:
+    """The complete lines of ``body`` (which ends at ``end``) that end at or before ``cut``."""
+    start = end - len(body) - 1
+    if cut >= end:
+        return body
+    keep = max(0, cut - start - 1)
+    return body[:keep]
 
 
 def _verified(path: Path, body: bytes, end: int) -> tuple[bytes, int, Damage | None]:

@@ -16,6 +16,7 @@ tables from them). A line that fails its checksum or does not decode is
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import os
 import zlib
@@ -103,6 +104,11 @@ class Journals:
                     out.append((int(token), f))
         return sorted(out)
 
+    def newest_token(self, run_id: str) -> int:
+        """The highest token of ``run_id``'s segments, archived ones included (0: none)."""
+        tokens = [t for t, _ in self.segments(run_id) + self.archived(run_id)]
+        return max(tokens, default=0)
+
     def runs(self) -> set[str]:
         """Run ids that have a live journal segment."""
         if not self.folder.is_dir():
@@ -118,11 +124,37 @@ class Journals:
 
     # -- writing -------------------------------------------------------------------------
     def start(self, run_id: str, token: int) -> int:
-        """Open (create) the segment this process appends ``run_id``'s commits to."""
+        """Open (create) the segment this process appends ``run_id``'s commits to.
+
+        The driver holds an exclusive ``flock`` on it while it drives: a second
+        sign of life beside the lease file (:meth:`held`).
+        """
         self.folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path(run_id, token), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise
         self._open[run_id] = (token, fd)
         return fd
+
+    def held(self, run_id: str) -> bool:
+        """True if a live process holds the lock of one of ``run_id``'s segments."""
+        for _, path in self.segments(run_id):
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
+        return False
 
     def token(self, run_id: str) -> int | None:
         """The token of the segment this process writes for ``run_id`` (None: none)."""

@@ -15,6 +15,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,8 +111,10 @@ class Leases:
 class Heartbeat:
     """Renews a lease every second; notices when another driver took over."""
 
-    def __init__(self, leases: Leases, run_id: str, token: int) -> None:
+    def __init__(self, leases: Leases, run_id: str, token: int,
+                 newest: Callable[[], int] | None = None) -> None:
         self.leases, self.run_id, self.token = leases, run_id, token
+        self.newest = newest       # the highest token any driver of the run started
         self.fenced = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True,
@@ -127,10 +130,12 @@ class Heartbeat:
         if self.fenced:
             return
         doc = self.leases.read(self.run_id)
-        if doc is None or int(doc.get("token", 0)) > self.token:
-            self.fenced = True   # taken over (or released by a newer driver)
+        if (doc is not None and int(doc.get("token", 0)) > self.token) or (
+                self.newest is not None and self.newest() > self.token):
+            self.fenced = True   # taken over by a newer driver (maybe done already)
             self._stop.set()
             return
+        # ours (or deleted by someone: it is still ours, write it again)
         with contextlib.suppress(OSError):
             self.leases.write(self.run_id, self.token)
 

@@ -8,9 +8,10 @@ tail is the store's job (:mod:`ledgerflow_stores.duckdb.store`).
 from __future__ import annotations
 
 import json
+import typing
 from typing import Any
 
-from ledgerflow.records import ArtifactRecorded, AttemptEnded, LogRecorded, Notice, Record
+from ledgerflow.records import Record, columns, field_types
 from ledgerflow.store import CacheHit
 from ledgerflow.views import RunView, TaskRow
 
@@ -113,26 +114,20 @@ def cache_lookup(con: Any, names: list[str], exclude_run: str | None) -> dict[st
     return out
 
 
-_RECORD_SQL: dict[type[Record], str] = {
-    AttemptEnded: "SELECT task_key, attempt, outcome, started_at, ended_at, error_type, "
-                  "error_message, traceback FROM attempts WHERE run_id = ? ORDER BY rowid",
-    ArtifactRecorded: "SELECT task_key, attempt, direction, uri, content_hash, attrs "
-                      "FROM artifacts WHERE run_id = ? ORDER BY rowid",
-    Notice: "SELECT task_key, attempt, kind, message, ts FROM notices "
-            "WHERE run_id = ? ORDER BY rowid",
-    LogRecorded: "SELECT task_key, attempt, stream, text, dropped FROM logs "
-                 "WHERE run_id = ? ORDER BY rowid",
-}
-
-
 def record_rows(con: Any, run_id: str, kind: type[Record]) -> list[Any]:
-    """The folded rows of an append-only record kind, as records."""
-    if con is None:
+    """The folded rows of an append-only record kind, as records (in their order)."""
+    if con is None or kind.TABLE is None:
         return []
+    cols = columns(kind)
+    types = field_types(kind)
+    as_json = [i for i, c in enumerate(cols)
+               if (typing.get_origin(types[c]) or types[c]) is dict]
+    names = ", ".join(f'"{c}"' for c in cols)
     out = []
-    for row in con.execute(_RECORD_SQL[kind], [run_id]).fetchall():
-        if kind is ArtifactRecorded:
-            attrs = row[5]
-            row = (*row[:5], json.loads(attrs) if isinstance(attrs, str) else (attrs or {}))
+    for row in con.execute(f"SELECT {names} FROM {kind.TABLE} WHERE run_id = ? "
+                           "ORDER BY rowid", [run_id]).fetchall():
+        if as_json:
+            row = tuple(json.loads(v) if i in as_json and isinstance(v, str) else
+                        ({} if i in as_json and v is None else v) for i, v in enumerate(row))
         out.append(kind(*row))
     return out

@@ -14,7 +14,7 @@ import duckdb
 
 from ledgerflow.errors import NotALedgerError, SchemaVersionError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 MIGRATIONS: list[tuple[int, list[str]]] = [
     (1, [
@@ -67,6 +67,27 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         # per-attempt output of tasks (stdout, stderr, logging), capped
         """CREATE TABLE logs(run_id VARCHAR, task_key VARCHAR, attempt INTEGER,
             stream VARCHAR, text VARCHAR, dropped BIGINT, token INTEGER)""",
+    ]),
+    (3, [
+        # approval gates: requests, decisions, and the current state of each request
+        """CREATE TABLE approval_requests(run_id VARCHAR, task_key VARCHAR, attempt INTEGER,
+            digest VARCHAR, action VARCHAR, summary VARCHAR, inputs VARCHAR,
+            requested_at DOUBLE, deadline DOUBLE, on_timeout VARCHAR, approvers VARCHAR[],
+            note VARCHAR)""",
+        """CREATE TABLE approval_decisions(run_id VARCHAR, task_key VARCHAR, digest VARCHAR,
+            decision VARCHAR, decided_by VARCHAR, reason VARCHAR, decided_at DOUBLE)""",
+        """CREATE VIEW approvals AS
+            SELECT r.run_id, r.task_key, r.attempt, r.digest, r.action, r.summary, r.inputs,
+                   r.requested_at, r.deadline, r.on_timeout, r.approvers, r.note,
+                   coalesce(d.decision, 'pending') AS state, d.decided_by, d.reason,
+                   d.decided_at
+            FROM approval_requests r LEFT JOIN (
+                SELECT DISTINCT ON (run_id, task_key, digest) * FROM approval_decisions
+                ORDER BY run_id, task_key, digest, decided_at) d
+            USING (run_id, task_key, digest)""",
+        # results of steps tasks recorded (context().step), replayed on re-runs
+        """CREATE TABLE steps(run_id VARCHAR, task_key VARCHAR, attempt INTEGER,
+            name VARCHAR, kind VARCHAR, data VARCHAR, content_hash VARCHAR)""",
     ]),
 ]
 

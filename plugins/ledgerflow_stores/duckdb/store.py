@@ -16,14 +16,17 @@ work while a run is active. Leases and cancel requests are files
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ledgerflow.errors import (
+    DamagedLedgerError,
     JournalDamagedError,
     LeaseLostError,
     NotResumableError,
+    PipelineError,
     RunNotFoundError,
     StoreError,
     StoreLockedError,
@@ -32,21 +35,35 @@ from ledgerflow.projection import apply
 from ledgerflow.records import (
     RUN_KINDS,
     AnyRecord,
+    ApprovalDecided,
+    ApprovalRequested,
     ArtifactRecorded,
     AttemptEnded,
     LogRecorded,
     Notice,
     Record,
     RunDefined,
+    StepRecorded,
+    Takeover,
 )
 from ledgerflow.results import Encoded
 from ledgerflow.states import RUN_ACTIVE
 from ledgerflow.store import CacheHit, Lease
-from ledgerflow.views import RunView, attempt_dict, lineage_rows, log_dict, notice_dict
+from ledgerflow.views import (
+    RunView,
+    approval_rows,
+    attempt_dict,
+    decision_dict,
+    lineage_rows,
+    log_dict,
+    notice_dict,
+    step_dict,
+)
 
-from . import queries
+from . import doctor, queries
 from .blobs import Blobs
 from .connection import Ledger
+from .decisions import Decisions
 from .fold import RUN_TERMINAL_VALUES, BackgroundFold, Fold, FoldPolicy
 from .journal import Journals, read_records
 from .lease import Heartbeat, Leases
@@ -76,12 +93,13 @@ class DuckDBStore:
                              hint="pass --store DIR/ledger.duckdb")
         self.location = str(p.resolve())
         self.side = Path(self.location + ".d")
-        self.policy = policy or FoldPolicy()
+        self.policy = policy or FoldPolicy.from_env()
         self.ledger = Ledger(self.location, lock_timeout if lock_timeout is not None else float(
             os.environ.get("LEDGERFLOW_LOCK_TIMEOUT", "30")))
         self.journals = Journals(self.side / "journals",
                                  (sync or os.environ.get("LEDGERFLOW_SYNC", "normal")).lower())
         self.leases = Leases(self.side / "runs")
+        self.decisions = Decisions(self.side / "runs")
         self.blobs = Blobs(self.side)
         self.folds = Fold(self.journals, self.side / "tmp", self.policy)
         self._beats: dict[str, Heartbeat] = {}
@@ -92,7 +110,12 @@ class DuckDBStore:
         if self.ledger.exists() and self.ledger.version is None:
             with self.ledger.connect(False):     # refuse a damaged or newer ledger first
                 pass
-        self._lease(run_id, 1)
+        try:
+            self._lease(run_id, 1)
+        except OSError as exc:
+            raise StoreError(f"cannot write the ledger's folder {self.side}: {exc.strerror}",
+                             hint="make it writable, or pass --store PATH in a writable "
+                             "folder") from None
         lease = Lease(run_id, 1)
         self.append(lease, records)
         return lease
@@ -100,7 +123,8 @@ class DuckDBStore:
     def _lease(self, run_id: str, token: int) -> None:
         self.leases.write(run_id, token)
         self.journals.start(run_id, token)
-        self._beats[run_id] = Heartbeat(self.leases, run_id, token)
+        self._beats[run_id] = Heartbeat(self.leases, run_id, token,
+                                        lambda: self.journals.newest_token(run_id))
         self._background[run_id] = BackgroundFold(self._fold_bite, run_id, self.policy)
 
     def take_over(self, run_id: str) -> Lease:
@@ -109,17 +133,22 @@ class DuckDBStore:
             row = con.execute("SELECT token FROM runs WHERE run_id = ?", [run_id]).fetchall()
             if not row:
                 raise RunNotFoundError(f"no run {run_id!r} in {self.location}")
-            if self.leases.alive(run_id):
+            if self.driver_alive(run_id):
                 lease = self.leases.read(run_id) or {}
                 raise NotResumableError(
                     f"run {run_id} is still being driven by pid {lease.get('pid')} on "
                     f"{lease.get('host')}",
                     hint=f"wait for it, or stop it first: pipeline cancel {run_id}")
             seg_tokens = [t for t, _ in self.journals.segments(run_id)]
-            token = max([row[0][0] or 0, *seg_tokens]) + 1
+            previous = max([row[0][0] or 0, *seg_tokens])
+            token = previous + 1
+            folded = queries.folded_offsets(con, run_id)
             con.execute("UPDATE runs SET token = ? WHERE run_id = ?", [token, run_id])
             self.leases.clear_cancel(run_id)
             self._lease(run_id, token)
+            # where the old driver's segment ends for good (what repair folds up to)
+            self.journals.append(run_id, [Takeover(previous, folded.get(previous, 0),
+                                                   time.time())])
         return Lease(run_id, token)
 
     def append(self, lease: Lease, records: Sequence[Record]) -> None:
@@ -190,10 +219,34 @@ class DuckDBStore:
                         self.journals.archive(run_id)
                 return False
 
-    def fold(self) -> None:
-        """Fold every journal into the DuckDB file now."""
+    def fold(self) -> list[str]:
+        """Fold every journal whose driver is gone into the file now; return their runs."""
+        done = []
         for run_id in sorted(self.journals.runs()):
-            self.fold_run(run_id)
+            if not self.driver_alive(run_id):
+                self.fold_run(run_id, archive_finished=True)
+                done.append(run_id)
+        return done
+
+    def recover(self) -> None:
+        """Fold what drivers that stopped (killed) left unfolded, so the tables (and the
+        cache index, lineage, users' SQL) are current. Called by commands that write."""
+        try:
+            self.fold()
+        except PipelineError:
+            raise
+        except OSError as exc:
+            raise StoreError(f"cannot fold the journals of {self.location}: {exc}",
+                             hint="check the ledger folder's permissions") from None
+
+    def doctor(self) -> list[dict[str, Any]]:
+        """What is wrong with this ledger, in plain words (see :mod:`.doctor`)."""
+        return [f.as_json() for f in doctor.examine(self)]
+
+    def repair(self) -> tuple[str, list[str]]:
+        """Rebuild the tables from the journals; return where the old file is kept and
+        what was cut."""
+        return doctor.rebuild(self)
 
     # -- results -------------------------------------------------------------------------
     def put_blob(self, enc: Encoded) -> str | None:
@@ -243,6 +296,10 @@ class DuckDBStore:
             tail = [r for r in tail if isinstance(r, RUN_KINDS)]
         if view is None:
             if not any(isinstance(r, RunDefined) for r in tail):
+                if self.journals.archived(run_id):
+                    raise DamagedLedgerError(
+                        f"run {run_id} is in its journal but not in the ledger's tables",
+                        hint="pipeline repair rebuilds the tables from the journals")
                 if damage:
                     raise JournalDamagedError(
                         f"run {run_id} cannot be read: {damage[0]}",
@@ -251,7 +308,7 @@ class DuckDBStore:
             view = RunView(run_id)
         apply(view, tail)
         view.damage = "; ".join(damage) or None
-        view.driver_alive = self.leases.alive(run_id) if view.state in _ACTIVE else False
+        view.driver_alive = self.driver_alive(run_id) if view.state in _ACTIVE else False
         return view
 
     def list_runs(self, limit: int = 50) -> list[RunView]:
@@ -265,7 +322,7 @@ class DuckDBStore:
         out = sorted(views.values(), key=lambda v: v.created_at, reverse=True)[:limit]
         for v in out:
             if v.state in _ACTIVE and v.driver_alive is None:
-                v.driver_alive = self.leases.alive(v.run_id)
+                v.driver_alive = self.driver_alive(v.run_id)
         return out
 
     def request_cancel(self, run_id: str) -> None:
@@ -297,7 +354,7 @@ class DuckDBStore:
             tail, damage = self._tail(con, run_id)
         view = self._view(run_id, view, tail, damage)
         arts = rows + [r for r in tail if type(r) is ArtifactRecorded]
-        return lineage_rows(view, arts, task_key)
+        return lineage_rows(view, arts, task_key, self.approvals(run_id))
 
     def notices(self, run_id: str) -> list[dict[str, Any]]:
         return [notice_dict(r) for r in self._records(run_id, Notice)]
@@ -312,9 +369,35 @@ class DuckDBStore:
                 if (task_key is None or r.task_key == task_key)
                 and (attempt is None or r.attempt == attempt)]
 
+    # -- approvals and steps -----------------------------------------------------------
+    def decide(self, run_id: str, task_key: str, digest: str, decision: str, by: str,
+               reason: str) -> dict[str, Any]:
+        """Record a decision on a request from any process; the first one wins
+        (ApprovalConflictError for the others)."""
+        self.get_run(run_id, tasks=False)
+        return self.decisions.write(run_id, {
+            "task_key": task_key, "digest": digest, "decision": decision,
+            "decided_by": by, "reason": reason, "decided_at": time.time()})
+
+    def approval_decisions(self, run_id: str) -> list[dict[str, Any]]:
+        """Every decision of the run: decision files, and those in the journal."""
+        out = self.decisions.all(run_id)
+        seen = {d["digest"] for d in out}
+        out += [decision_dict(r) for r in self._records(run_id, ApprovalDecided)
+                if r.digest not in seen]
+        return out
+
+    def approvals(self, run_id: str) -> list[dict[str, Any]]:
+        return approval_rows(self._records(run_id, ApprovalRequested),
+                             self.approval_decisions(run_id))
+
+    def steps(self, run_id: str) -> list[dict[str, Any]]:
+        return [step_dict(r) for r in self._records(run_id, StepRecorded)]
+
     def driver_alive(self, run_id: str) -> bool:
-        """True if the lease of ``run_id`` is held by a live process."""
-        return self.leases.alive(run_id)
+        """True if a live process drives ``run_id``: its lease names one, or one holds
+        the lock on a journal segment (liveness does not rest on one file)."""
+        return self.leases.alive(run_id) or self.journals.held(run_id)
 
     def close(self) -> None:
         for run_id, token in self.journals.open_runs():

@@ -140,7 +140,7 @@ def _duration(r: TaskRow) -> str:
     return f"{r.ended_at - r.started_at:.3f}s" if r.started_at and r.ended_at else ""
 
 
-def summary(view: RunView, *, all_rows: bool = False) -> None:
+def summary(view: RunView, *, all_rows: bool = False, every_row: bool = False) -> None:
     """The run's task table (per task, or per task name for big runs) and counts."""
     from rich.console import Console
     from rich.markup import escape
@@ -149,7 +149,7 @@ def summary(view: RunView, *, all_rows: bool = False) -> None:
     rows = list(view.tasks.values())
     table = Table(title=escape(f"run {view.run_id} ({view.pipeline}): {view.state}"),
                   title_justify="left")
-    if len(rows) <= (500 if all_rows else ROW_LIMIT):
+    if every_row or len(rows) <= (500 if all_rows else ROW_LIMIT):
         for col in ("task", "state", "attempts", "duration", "error"):
             table.add_column(col, overflow="fold")
         for r in rows:
@@ -181,14 +181,20 @@ def summary(view: RunView, *, all_rows: bool = False) -> None:
         more = f" (and {len(causes) - 1} more)" if len(causes) > 1 else ""
         console.print(f"root cause: {escape(first.key)}: {escape(first.error or 'failed')}"
                       f"{more}", markup=True)
-    if view.active and view.driver_alive is False:
+    if view.state == "waiting":
+        console.print(f"waiting for approvals: pipeline approvals {view.run_id}")
+    elif view.state == "submitted":
+        console.print(f"waiting for a driver: pipeline resume {view.run_id}")
+    elif view.active and view.driver_alive is False:
         console.print(f"driver is gone: resume with  pipeline resume {view.run_id}")
 
 
-def out(text: str = "", *, err: bool = False) -> None:
-    """Print a line; once the reader of stdout went away (``| head``), drop output."""
+def out(text: str = "", *, err: bool = False, nl: bool = True) -> None:
+    """Print a line (never captured as a task's output, even from a signal handler
+    that interrupts a task); once the reader went away (``| head``), drop output."""
+    from ..capture import real
     try:
-        click.echo(text, err=err)
+        click.echo(text, nl=nl, file=real(sys.stderr if err else sys.stdout))
     except BrokenPipeError:
         import os
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -1,0 +1,96 @@
+"""The errors a model provider raises, so an agent loop can tell retry from stop.
+
+::
+
+    ProviderError (a ledgerflow PipelineError; ``retryable``, ``usage``, ``raw``)
+    ├─ RateLimited          (``retry_after`` seconds, retryable)
+    ├─ ModelTimeout         (no answer in time, retryable; the call may still be billed)
+    └─ MalformedResponse    (the answer cannot be parsed, e.g. tool arguments that are not JSON)
+    ModelNotFoundError      (a PluginError: no installed provider has that name)
+
+``usage`` is what the provider says (or the mock scripts) was spent before the
+failure, when known: a budget settles a failed call to it, or keeps the whole
+reservation when it is ``None``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ledgerflow.errors import PipelineError, PluginError
+
+if TYPE_CHECKING:
+    from .provider import Usage
+
+__all__ = ["MalformedResponse", "ModelNotFoundError", "ModelTimeout", "ProviderError",
+           "RateLimited"]
+
+
+class ProviderError(PipelineError):
+    """A model call failed; ``retryable`` says whether the same call may succeed.
+
+    Attributes:
+        retryable: True for transient failures (5xx, connection reset, 429,
+            timeouts); False for requests the provider will always refuse.
+        usage: tokens the provider billed for the failed call, when known.
+        raw: the raw response body, when there was one.
+        status: the HTTP status, for HTTP providers.
+    """
+
+    default_hint = "check the provider's settings and the request"
+    retryable_default = False
+
+    def __init__(self, message: str, *, hint: str | None = None, retryable: bool | None = None,
+                 usage: Usage | None = None, raw: bytes | None = None,
+                 status: int | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.retryable = self.retryable_default if retryable is None else retryable
+        self.usage = usage
+        self.raw = raw
+        self.status = status
+
+
+class RateLimited(ProviderError):
+    """The provider refused the call for now (HTTP 429); wait ``retry_after`` seconds."""
+
+    default_hint = "wait retry_after seconds, or lower the request rate of this key"
+    retryable_default = True
+
+    def __init__(self, message: str, *, retry_after: float | None, hint: str | None = None,
+                 usage: Usage | None = None, raw: bytes | None = None,
+                 status: int | None = 429) -> None:
+        super().__init__(message, hint=hint, retryable=True, usage=usage, raw=raw, status=status)
+        self.retry_after = retry_after
+
+
+class ModelTimeout(ProviderError):
+    """No complete answer arrived within the caller's timeout.
+
+    The provider may still have done (and billed) the work: ``late`` is True
+    when the answer is known to come after the deadline (the mock's ``late``
+    fault), and ``usage`` then holds what it will bill.
+    """
+
+    default_hint = "raise the call's timeout, or retry"
+    retryable_default = True
+
+    def __init__(self, message: str, *, timeout: float | None, late: bool = False,
+                 hint: str | None = None, usage: Usage | None = None) -> None:
+        super().__init__(message, hint=hint, retryable=True, usage=usage)
+        self.timeout = timeout
+        self.late = late
+
+
+class MalformedResponse(ProviderError):
+    """The answer arrived but is unusable: not JSON, or a tool call with bad arguments.
+
+    Retryable by default (a sampled model may do better; the spend is real
+    either way, see ``usage``).
+    """
+
+    default_hint = "retry, or tell the model its last answer was not valid"
+    retryable_default = True
+
+
+class ModelNotFoundError(PluginError):
+    """No installed plugin provides a model provider of that name."""

@@ -1,0 +1,247 @@
+"""Checking a ledger against its journals, and rebuilding its tables from them.
+
+:func:`examine` explains what is wrong in plain words (the file, the
+journals, unfolded tails, leases, result files); :func:`rebuild` folds every
+journal into a fresh file and swaps it in atomically, keeping the old file
+beside it. The journals are the source of truth: what they hold can always be
+rebuilt; runs whose journals are gone (runs of the first release, folded and
+deleted) are copied from the old file when it can still be read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+
+from ledgerflow.errors import NotResumableError, PipelineError, StoreError
+from ledgerflow.projection import apply
+from ledgerflow.views import RunView
+
+from . import queries, schema
+from .connection import Ledger
+from .journal import Damage, read_records
+
+if TYPE_CHECKING:
+    from .store import DuckDBStore
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing ``pipeline doctor`` found: ``problem`` ones make it exit 2."""
+
+    problem: bool
+    what: str
+    fix: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        return {"problem": self.problem, "what": self.what, "fix": self.fix}
+
+
+def _segments(store: DuckDBStore, run_id: str) -> list[tuple[int, Path]]:
+    return sorted(store.journals.segments(run_id) + store.journals.archived(run_id))
+
+
+def journal_view(store: DuckDBStore, run_id: str) -> tuple[RunView | None, list[Damage]]:
+    """A run as its journals alone describe it (superseded tails left out)."""
+    segs = _segments(store, run_id)
+    view = RunView(run_id)
+    damage: list[Damage] = []
+    seen = False
+    for _, path in segs:
+        records, _, bad = read_records(path, 0)
+        seen = seen or bool(records)
+        apply(view, records)
+        if bad is not None:
+            damage.append(bad)
+    return (view if seen and view.pipeline else None), damage
+
+
+def examine(store: DuckDBStore) -> list[Finding]:
+    """Everything worth saying about the ledger, problems first."""
+    out: list[Finding] = []
+    repair = "pipeline repair rebuilds the tables from the journals (keeps the old file)"
+    table_runs: dict[str, RunView] = {}
+    readable = True
+    try:
+        with store.ledger.connect(False) as con:
+            version = store.ledger.version
+            if con is not None:
+                table_runs = queries.list_runs(con, 1_000_000)
+                for rid in list(table_runs):
+                    view = queries.load_run(con, rid, upstream=False)
+                    if view is not None:
+                        table_runs[rid] = view
+            if store.ledger.exists():
+                out.append(Finding(False, f"ledger file {store.location}: schema version "
+                                   f"{version}" + (" (no tables yet)" if version == 0 else "")))
+            else:
+                out.append(Finding(False, f"no ledger file yet at {store.location}"))
+    except PipelineError as exc:
+        readable = False
+        out.append(Finding(True, f"the ledger file cannot be read: {exc}", repair))
+    journal_runs = store.journals.all_runs()
+    for rid in sorted(journal_runs):
+        try:
+            jview, damage = journal_view(store, rid)
+        except OSError as exc:
+            out.append(Finding(True, f"run {rid}: a journal cannot be read: {exc}", repair))
+            continue
+        for d in damage:
+            out.append(Finding(True, f"run {rid}: {d.describe()}; what it held after that "
+                               "point is not applied", "pipeline resume RUN_ID re-runs it "
+                               "(at-least-once); pipeline repair keeps the good part"))
+        if jview is None:
+            out.append(Finding(True, f"run {rid}: its journal holds no readable run", repair))
+            continue
+        live = store.journals.segments(rid)
+        if readable and live and not store.driver_alive(rid):
+            folded = _folded(store, rid)
+            left = sum(max(0, p.stat().st_size - folded.get(t, 0)) for t, p in live)
+            if left:
+                out.append(Finding(True, f"run {rid}: {left} bytes of journal not folded "
+                                   "into the tables (its driver stopped before its last "
+                                   "fold)", "pipeline fold (any command that writes does it "
+                                   "too)"))
+        sql = table_runs.get(rid)
+        if readable and sql is None and not live:
+            out.append(Finding(True, f"run {rid} is in its journal but not in the tables",
+                               repair))
+        if readable and sql is not None and not damage and not live:
+            bad = _disagree(sql, jview)
+            if bad:
+                out.append(Finding(True, f"run {rid}: the tables disagree with its journal "
+                                   f"({bad})", repair))
+        if jview.active and not store.driver_alive(rid):
+            what = ("waits for a driver (submitted)" if jview.state == "submitted"
+                    else "was being driven when its driver stopped")
+            out.append(Finding(False, f"run {rid} {what}: resumable",
+                               f"pipeline resume {rid}"))
+    if readable:
+        for rid in sorted(set(table_runs) - journal_runs):
+            out.append(Finding(False, f"run {rid} has no journal (folded by an older "
+                               "ledgerflow): repair keeps its rows from the file, nothing "
+                               "can rebuild them if the file is lost"))
+        out.extend(_missing_results(store))
+    return sorted(out, key=lambda f: not f.problem)
+
+
+def _folded(store: DuckDBStore, run_id: str) -> dict[int, int]:
+    with store.ledger.connect(False) as con:
+        return queries.folded_offsets(con, run_id)
+
+
+def _disagree(sql: RunView, journal: RunView) -> str:
+    if sql.state != journal.state:
+        return f"run state {sql.state!r} in the tables, {journal.state!r} in the journal"
+    if set(sql.tasks) != set(journal.tasks):
+        return (f"{len(sql.tasks)} task rows in the tables, {len(journal.tasks)} in the "
+                "journal")
+    diff = [k for k, t in journal.tasks.items() if sql.tasks[k].state != t.state]
+    if diff:
+        return f"{len(diff)} task(s) in another state, e.g. {diff[0]}"
+    return ""
+
+
+def _missing_results(store: DuckDBStore) -> list[Finding]:
+    out: list[Finding] = []
+    with store.ledger.connect(False) as con:
+        if con is None:
+            return out
+        rows = con.execute("SELECT run_id, task_key, result_uri FROM tasks WHERE "
+                           "state = 'succeeded' AND result_uri IS NOT NULL").fetchall()
+    for rid, key, uri in rows:
+        if not store.blobs.path(uri).exists():
+            out.append(Finding(True, f"run {rid}: the result file of {key} is missing "
+                               f"({store.blobs.path(uri)})",
+                               f"new runs do not reuse it; a resume of an unfinished run "
+                               f"({rid}) runs {key} again"))
+    return out
+
+
+def rebuild(store: DuckDBStore) -> tuple[str, list[str]]:
+    """Rebuild the tables from the journals into a new file and swap it in.
+
+    Returns the path the old file was kept at and what was cut. Refuses while
+    a driver is alive.
+    """
+    for rid in store.journals.runs():
+        if store.driver_alive(rid):
+            raise NotResumableError(f"run {rid} is being driven right now; repair needs the "
+                                    "ledger to itself", hint="wait for it, or cancel it first")
+    notes: list[str] = []
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    new_path = f"{store.location}.repair-{stamp}.tmp"
+    fresh = Ledger(new_path, store.ledger.lock_timeout)
+    with store.ledger.lock, fresh.connect(True) as con:
+        for rid in sorted(store.journals.all_runs()):
+            segs = sorted(store.journals.segments(rid) + store.journals.archived(rid))
+            store.folds.run(con, rid, segs=segs)
+            for token, offset, reason in con.execute(
+                    'SELECT token, "offset", reason FROM journal_damage WHERE run_id = ?',
+                    [rid]).fetchall():
+                notes.append(f"run {rid}: journal token {token} cut at byte {offset} "
+                             f"({reason})")
+        copied = _copy_unjournaled(store, con)
+        notes.extend(copied)
+    kept = f"{store.location}.broken-{stamp}"
+    with store.ledger.lock:
+        if os.path.exists(store.location):
+            os.replace(store.location, kept)
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(store.location + ".wal", kept + ".wal")
+        os.replace(new_path, store.location)
+    store.ledger.version = None
+    return kept, notes
+
+
+def _copy_unjournaled(store: DuckDBStore, con: Any) -> list[str]:
+    """Copy from the old file the rows of runs that have no journal (if it can be read)."""
+    if not os.path.exists(store.location):
+        return []
+    have = set(store.journals.all_runs())
+    try:
+        con.execute(f"ATTACH '{_quote(store.location)}' AS old (READ_ONLY)")
+    except duckdb.Error as exc:
+        return [f"the old file cannot be read ({str(exc).splitlines()[0][:120]}); every run "
+                "with a journal was rebuilt, runs folded by ledgerflow 0.1 without one (if "
+                "there were any) are lost"]
+    notes = []
+    try:
+        old_runs = [r for (r,) in con.execute("SELECT run_id FROM old.runs").fetchall()]
+        keep = [r for r in old_runs if r not in have]
+        if keep:
+            tables = [t for (t,) in con.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_catalog = 'old' "
+                "AND table_type = 'BASE TABLE'").fetchall() if t not in ("meta",)]
+            for table in tables:
+                cols = [c for (c,) in con.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE "
+                    "table_catalog = 'old' AND table_name = ?", [table]).fetchall()]
+                if "run_id" not in cols:
+                    continue
+                names = ", ".join(f'"{c}"' for c in cols)
+                con.execute(f'INSERT INTO main."{table}" ({names}) SELECT {names} FROM '
+                            f'old."{table}" WHERE run_id IN (SELECT unnest($1::VARCHAR[]))',
+                            [keep])
+            notes.append(f"{len(keep)} run(s) without a journal copied from the old file")
+    except duckdb.Error as exc:
+        notes.append(f"runs without a journal could not be copied from the old file "
+                     f"({str(exc).splitlines()[0][:120]})")
+    finally:
+        con.execute("DETACH old")
+    return notes
+
+
+def _quote(path: str) -> str:
+    if "'" in path:
+        raise StoreError(f"ledger path {path!r} holds a quote", hint="rename it")
+    return path
+
+
+_ = schema  # the fresh file gets the current schema through Ledger.connect(True)

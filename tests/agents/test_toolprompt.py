@@ -1,0 +1,99 @@
+"""The prompt, the output grammar and the parser of tool calls for local models."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from ledgerflow_agents import ModelRequest
+from ledgerflow_agents.toolprompt import build_messages, output_schema, parse_output
+
+from .conftest import TOOLS, user
+
+
+def accepts(schema: dict[str, Any], text: str) -> bool:
+    """Whether lm-format-enforcer's parser for ``schema`` lets ``text`` through whole."""
+    lmfe = pytest.importorskip("lmformatenforcer", reason="needs the local-model extra")
+    parser = lmfe.JsonSchemaParser(schema)
+    parser.config = lmfe.CharacterLevelParserConfig(force_json_field_order=True)
+    for ch in text:
+        if ch not in parser.get_allowed_characters():
+            return False
+        parser = parser.add_character(ch)
+    return bool(parser.can_end())
+
+
+def test_the_grammar_admits_allowed_calls_and_answers_only() -> None:
+    schema = output_schema(ModelRequest([user("x")], tools=TOOLS))
+    assert schema is not None
+    assert accepts(schema, '{"tool": "search_index", "arguments": {"query": "patents"}}')
+    assert accepts(schema, '{"tool": "save_answer", "arguments": {"path": "a", "text": "b"}}')
+    assert accepts(schema, '{"answer": "It is [LICENSE#2]."}')
+    assert not accepts(schema, '{"tool": "delete_files", "arguments": {}}')
+    assert not accepts(schema, '{"tool": "search_index", "arguments": {"path": "x"}}')
+    assert not accepts(schema, '{"tool": "save_answer", "arguments": {"path": "a"}}')
+    assert not accepts(schema, '{"tool": "search_index", "arguments": {"query": 3}}')
+    assert not accepts(schema, "Sure! I will search.")
+
+
+def test_tool_choice_narrows_the_grammar() -> None:
+    required = output_schema(ModelRequest([user("x")], tools=TOOLS, tool_choice="required"))
+    one = output_schema(ModelRequest([user("x")], tools=TOOLS, tool_choice="read_document"))
+    none = output_schema(ModelRequest([user("x")], tools=TOOLS, tool_choice="none"))
+    assert required is not None and one is not None and none is not None
+    assert not accepts(required, '{"answer": "no"}')
+    assert accepts(one, '{"tool": "read_document", "arguments": {"path": "a.md"}}')
+    assert not accepts(one, '{"tool": "search_index", "arguments": {"query": "a"}}')
+    assert accepts(none, '{"answer": "no"}')
+    assert not accepts(none, '{"tool": "search_index", "arguments": {"query": "a"}}')
+    assert output_schema(ModelRequest([user("x")])) is None   # no tools: free text
+
+
+def test_the_prompt_lists_only_the_allowed_tools_and_their_examples() -> None:
+    req = ModelRequest([{"role": "system", "content": "Cite sources."}, user("patents?")],
+                       tools=TOOLS[:2])
+    chat = build_messages(req, examples=[("thanks", {"answer": "You are welcome."})])
+    system = chat[0]["content"]
+    assert system.startswith("Cite sources.")
+    assert "- search_index(query: string)" in system and "read_document" in system
+    assert "save_answer" not in json.dumps(chat)
+    assert chat[1:3] == [{"role": "user", "content": "thanks"},
+                         {"role": "assistant", "content": '{"answer": "You are welcome."}'}]
+    # the tools' examples alternate (search, read, search, read) and come last
+    calls = [json.loads(m["content"])["tool"] for m in chat[3:-1] if m["role"] == "assistant"]
+    assert calls == ["search_index", "read_document", "search_index", "read_document"]
+    assert chat[-1] == {"role": "user", "content": "patents?"}
+
+
+def test_earlier_calls_and_results_are_rendered_as_json_turns() -> None:
+    call = {"id": "call_0_0", "name": "search_index", "arguments": {"query": "patents"}}
+    episode = [user("backups?"),
+               {"role": "assistant", "content": "", "tool_calls": [
+                   {"id": "e", "name": "search_index", "arguments": {"query": "backups"}}]},
+               {"role": "tool", "tool_call_id": "e", "name": "search_index",
+                "content": "[guide#4] nightly"},
+               {"role": "assistant", "content": "Nightly [guide#4]."}]
+    req = ModelRequest([user("patents?"), {"role": "assistant", "content": "",
+                                           "tool_calls": [call]},
+                        {"role": "tool", "tool_call_id": "call_0_0", "name": "search_index",
+                         "content": "[LICENSE#2] grants"}], tools=TOOLS[:1])
+    chat = build_messages(req, examples=[episode])
+    assert chat[-3:] == [
+        {"role": "user", "content": "patents?"},
+        {"role": "assistant",
+         "content": '{"tool": "search_index", "arguments": {"query": "patents"}}'},
+        {"role": "user", "content": "Result of search_index: [LICENSE#2] grants"}]
+    assert {"role": "assistant", "content": '{"answer": "Nightly [guide#4]."}'} in chat
+
+
+def test_parse_output_splits_calls_from_answers() -> None:
+    req = ModelRequest([user("x")], tools=TOOLS)
+    assert parse_output('{"answer": "4"}', req) == ("4", [])
+    assert parse_output('{"tool": "read_document", "arguments": {"path": "a"}}', req) == (
+        "", [("read_document", {"path": "a"})])
+    with pytest.raises(ValueError):
+        parse_output('{"answer": "unterminated', req)
+    with pytest.raises(ValueError):
+        parse_output('{"tool": "read_document"}', req)
