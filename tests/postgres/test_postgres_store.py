@@ -426,3 +426,58 @@ def test_a_submitted_run_cancelled_before_a_worker_took_it_is_never_claimed(
         assert st.claim() is None
     finally:
         st.close()
+
+
+def test_recover_doctor_and_repair(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a gone driver left is folded by recover() (every writing command calls it);
+    doctor says so first; repair rebuilds damaged rows from the commits."""
+    dead = PostgresStore(pg_url, lease_ttl=30, wait=5)
+    monkeypatch.setattr(dead, "_start_folder", lambda: None)
+    lease = dead.create_run("r", run_records("r"))
+    now = time.time()
+    dead.append(lease, started("a", now))
+    dead.append(lease, [AttemptEnded("a", 1, "ok", now, now, "", "", ""),
+                        ResultRecorded("a", 1, "fp", "h", "json", "1", None, 1, None),
+                        Transition(4, "a", 1, "running", "succeeded", "", now),
+                        RunStateChanged("succeeded", "", now)])
+    rows(pg_url, "UPDATE leases SET expires_at = now() - interval '1 second' RETURNING 1")
+    st = PostgresStore(pg_url, wait=5)
+    try:
+        found = st.doctor()
+        assert any(f["problem"] and "left commits not folded" in f["what"] for f in found)
+        assert st.cache_lookup(["a"]) == {}          # the cache index reads the tables
+        st.recover()
+        assert st.cache_lookup(["a"])["fp"][:2] == ("r", "a")
+        assert rows(pg_url, "SELECT state FROM tasks") == [("succeeded",)]
+        assert not [f for f in st.doctor() if f["problem"]]
+        # damage the derived rows by hand: repair rebuilds them from the commits
+        rows(pg_url, "DELETE FROM events RETURNING 1")
+        rows(pg_url, "UPDATE tasks SET state = 'pending', attempts = 0 RETURNING 1")
+        kept, notes = st.repair()
+        assert (kept, notes) == ("", ["run r: rebuilt from its commits"])
+        assert rows(pg_url, "SELECT count(*) FROM events") == [(4,)]
+        assert rows(pg_url, "SELECT state, attempts, result_hash FROM tasks") == [
+            ("succeeded", 1, "h")]
+        assert rows(pg_url, "SELECT state, max_seq FROM runs") == [("succeeded", 4)]
+        # a driven run is never rewritten under its driver
+        live = st.create_run("r2", run_records("r2"))
+        with pytest.raises(StoreError, match="run r2 is being driven"):
+            st.repair()
+        st.release(live)
+    finally:
+        st.close()
+        monkeypatch.undo()
+        dead.close()
+
+
+def test_the_cli_reads_and_checks_a_postgres_ledger(pg_url: str) -> None:
+    from click.testing import CliRunner
+
+    from ledgerflow.cli import main
+    run = sums.run(n=2, store=pg_url)
+    cli = CliRunner()
+    for args, expect in ((["runs"], run.run_id), (["status", run.run_id], "succeeded"),
+                         (["lineage", run.run_id, "--task", "total"], "task:double[1]"),
+                         (["fold"], "folded 0 run(s)"), (["doctor"], "no problems found")):
+        res = cli.invoke(main, [*args, "--store", pg_url])
+        assert res.exit_code == 0 and expect in res.output, (args, res.output)
