@@ -557,7 +557,7 @@ class Runner:
         if self.in_driver or (alone and self.inline_when_alone and job.timeout is None
                               and self.inflight == 1 and not self.ready):
             c = execute(job, self._cancel_seen)
-            if not self.cancelling and self._cancel_seen():
+            if c.outcome == "cancelled" and not self.cancelling and self._cancel_seen():
                 self._start_cancel("cancel requested")   # running -> cancelling first
             self._on_complete(c)
             return
