@@ -1,7 +1,8 @@
 """The console's web application: routes, the Host and token checks, error answers.
 
 Pages are HTML (``/``, ``/runs/{id}`` and the fragments they load); every
-page has a JSON twin under ``/api/``. Reads are open to anyone who can reach
+page has a JSON twin under ``/api/``; ``/metrics`` is the Prometheus text
+that drivers wrote for this ledger (:mod:`ledgerflow_observability.prometheus`). Reads are open to anyone who can reach
 the bound address with the right Host header; actions (``POST``) also need
 ``--allow-actions`` and the per-process token in ``X-Ledgerflow-Token``
 (or ``?token=``). Any other Host header (a DNS-rebinding page) or a
@@ -333,6 +334,12 @@ def create_app(cfg: ConsoleConfig) -> ASGIApp:
             return unsupported("model usage (Run.usage)")
         return _json_default(ledger.usage(ledger.run(request.path_params["run_id"])))
 
+    def metrics(request: Request) -> Response:
+        """Prometheus text: what drivers with ``LEDGERFLOW_PROMETHEUS`` wrote for this ledger."""
+        from ledgerflow_observability.prometheus import CONTENT_TYPE, exposition
+        return Response(exposition(cfg.store),
+                        headers={"content-type": CONTENT_TYPE, "cache-control": "no-store"})
+
     # -- actions -------------------------------------------------------------------------
     def action(fn: Callable[[str, Mapping[str, Any]], dict[str, Any]], code: int = 200
                ) -> Callable[[Request], Awaitable[Response]]:
@@ -404,6 +411,7 @@ def create_app(cfg: ConsoleConfig) -> ASGIApp:
               action(lambda rid, b: actions.approve(ledger, rid, b)), methods=["POST"]),
         Route("/api/runs/{run_id}/reject",
               action(lambda rid, b: actions.reject(ledger, rid, b)), methods=["POST"]),
+        Route("/metrics", metrics),
         Route("/favicon.ico", lambda _r: PlainTextResponse("", status_code=204)),
     ]
     app = Starlette(routes=routes,

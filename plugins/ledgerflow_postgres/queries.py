@@ -11,15 +11,9 @@ import json
 from typing import Any
 
 from ledgerflow.records import (
+    KINDS,
     AnyRecord,
-    ApprovalDecided,
-    ApprovalRequested,
-    ArtifactRecorded,
-    AttemptEnded,
-    LogRecorded,
-    Notice,
     Record,
-    StepRecorded,
     columns,
     decode_line,
     field_types,
@@ -132,8 +126,7 @@ def _select(kind: type[Record]) -> str:
 
 
 _RECORD_SQL: dict[type[Record], str] = {
-    kind: _select(kind) for kind in (AttemptEnded, ArtifactRecorded, Notice, LogRecorded,
-                                     ApprovalRequested, ApprovalDecided, StepRecorded)}
+    kind: _select(kind) for kind in KINDS.values() if kind.TABLE}
 
 
 def _json_fields(kind: type[Record]) -> list[int]:
@@ -156,7 +149,8 @@ def record_rows(con: Any, run_id: str, kind: type[Record], *, task_key: str | No
         params.append(attempt)
     out = []
     as_json = _json_fields(kind)
-    for row in con.execute(sql + " ORDER BY id", params):
+    order = "seq" if "seq" in columns(kind) and kind.TABLE == "events" else "id"
+    for row in con.execute(f"{sql} ORDER BY {order}", params):
         if as_json:
             row = list(row)
             for i in as_json:

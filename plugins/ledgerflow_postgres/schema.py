@@ -14,14 +14,19 @@ and approval decisions from any process). There is no ``journal_damage``: a comm
 row, written whole or not at all.
 
 Each migration runs in one transaction under an advisory lock, so two
-processes opening a new database at once do not both create it.
+processes opening a new database at once do not both create it. A record
+kind the migrations do not know yet (declared by a newer kernel) gets its
+table derived from its declaration (:func:`ensure_record_tables`).
 """
 
 from __future__ import annotations
 
+import types
+import typing
 from typing import Any
 
 from ledgerflow.errors import NotALedgerError, SchemaVersionError
+from ledgerflow.records import KINDS, Record, columns, field_types
 
 SCHEMA_VERSION = 1
 
@@ -143,6 +148,47 @@ OPTIONAL: list[str] = [
 ]
 
 
+def _sql_type(ann: Any) -> str:
+    """The column type of a record field annotated ``ann``."""
+    args = [a for a in typing.get_args(ann) if a is not type(None)]
+    if isinstance(ann, types.UnionType) or typing.get_origin(ann) is typing.Union:
+        ann = args[0]
+    origin = typing.get_origin(ann) or ann
+    if origin is bool:
+        return "BOOLEAN"
+    if origin is int:
+        return "BIGINT"
+    if origin is float:
+        return "DOUBLE PRECISION"
+    if origin is list and typing.get_args(ann) in ((str,), ()):
+        return "TEXT[]"
+    return "TEXT"       # str, and dicts (or other values) as their JSON text
+
+
+def record_table_ddl(kind: type[Record]) -> list[str]:
+    """The table of an append-only record kind, derived from its declaration: the
+    ``id`` order, ``run_id``, one column per field, ``token`` if the kind keeps it."""
+    hints = field_types(kind)
+    cols = ", ".join(f'"{c}" {_sql_type(hints[c])}' for c in columns(kind))
+    token = ", token INTEGER" if kind.TOKENED else ""
+    return [f"CREATE TABLE IF NOT EXISTS {kind.TABLE}({_APPEND}, run_id TEXT NOT NULL, "
+            f"{cols}{token})",
+            f"CREATE INDEX IF NOT EXISTS {kind.TABLE}_run ON {kind.TABLE}(run_id, id)"]
+
+
+def ensure_record_tables(con: Any) -> None:
+    """Create the tables of record kinds this release declares and the migrations do
+    not (yet) hold, from their declarations (so a new kind needs no hand-written DDL)."""
+    for kind in KINDS.values():
+        if kind.TABLE is None:
+            continue
+        if con.execute("SELECT to_regclass(%s) IS NULL", [kind.TABLE]).fetchone()[0]:
+            with con.transaction():
+                con.execute("SELECT pg_advisory_xact_lock(%s)", [_MIGRATION_LOCK])
+                for sql in record_table_ddl(kind):
+                    con.execute(sql)
+
+
 def check(con: Any, location: str) -> int:
     """Return the schema version of the database (0: no ledger tables yet).
 
@@ -172,6 +218,7 @@ def check(con: Any, location: str) -> int:
 def migrate(con: Any, location: str) -> int:
     """Bring the database on ``con`` (autocommit) to :data:`SCHEMA_VERSION`."""
     if check(con, location) == SCHEMA_VERSION:
+        ensure_record_tables(con)
         return SCHEMA_VERSION
     with con.transaction():
         con.execute("SELECT pg_advisory_xact_lock(%s)", [_MIGRATION_LOCK])
@@ -190,4 +237,5 @@ def migrate(con: Any, location: str) -> int:
                     con.execute(sql)
             except Exception:  # an optional speed-up the server does not have
                 pass
+    ensure_record_tables(con)
     return version

@@ -68,6 +68,8 @@ def _unwrap(ann: Any) -> Any:
 def cast(ann: Any, index: int, src: str = "r") -> str:
     """The SQL reading element ``index`` of the JSONB array ``src`` as annotation ``ann``."""
     origin = _unwrap(ann)
+    if origin is bool:
+        return f"({src}->>{index})::boolean"
     if origin is int:
         return f"({src}->>{index})::bigint"
     if origin is float:

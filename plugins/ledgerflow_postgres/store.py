@@ -43,6 +43,8 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
+
 from ledgerflow.errors import (
     ApprovalConflictError,
     LeaseLostError,
@@ -52,18 +54,21 @@ from ledgerflow.errors import (
 )
 from ledgerflow.projection import apply
 from ledgerflow.records import (
+    KINDS,
     AnyRecord,
     ApprovalDecided,
     ApprovalRequested,
     ArtifactRecorded,
     AttemptEnded,
     LogRecorded,
+    ModelCall,
     Notice,
     Record,
     ResultRecorded,
     RunDefined,
     StepRecorded,
     TaskCreated,
+    ToolCall,
     Transition,
     encode_line,
 )
@@ -76,6 +81,7 @@ from ledgerflow.views import (
     approval_rows,
     attempt_dict,
     decision_dict,
+    event_dict,
     lineage_rows,
     log_dict,
     notice_dict,
@@ -924,9 +930,8 @@ class PostgresStore:
                 view = RunView(run_id)
                 for _, _, rs in commits:
                     apply(view, rs)
-                for table in ("tasks", "events", "attempts", "results", "artifacts",
-                              "notices", "logs", "approval_requests", "approval_decisions",
-                              "steps"):
+                for table in ("tasks", *sorted({k.TABLE for k in KINDS.values()
+                                                if k.TABLE})):
                     con.execute(f"DELETE FROM {table} WHERE run_id = %s", [run_id])
                 con.execute("UPDATE folds SET token = 0, seq = 0 WHERE run_id = %s", [run_id])
                 if not commits:
@@ -937,6 +942,20 @@ class PostgresStore:
                 con.execute(sql, params)
         with self._flock:
             self.db.retrying(attempt, what=f"repairing run {run_id}", reset=self._reset_folder)
+
+    def events(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
+        return [event_dict(r) for r in self._records(run_id, Transition, task_key=task_key)]
+
+    def model_calls(self, run_id: str) -> list[dict[str, Any]]:
+        return [msgspec.structs.asdict(r) for r in self._records(run_id, ModelCall)]
+
+    def tool_calls(self, run_id: str) -> list[dict[str, Any]]:
+        return [msgspec.structs.asdict(r) for r in self._records(run_id, ToolCall)]
+
+    def worker_folders(self, run_id: str) -> tuple[str, str]:
+        """(the shared result directory, this run's folder in it): where workers keep
+        durable files (step logs, budgets); every machine reaches it (see :mod:`.blobs`)."""
+        return str(self.blobs.root), str(self.blobs.root / "runs" / run_id)
 
     def driver_alive(self, run_id: str) -> bool:
         """True if a driver holds an unexpired lease of ``run_id``."""

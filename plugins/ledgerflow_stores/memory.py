@@ -11,6 +11,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
+import msgspec
+
 from ledgerflow import hookimpl
 from ledgerflow.config import Settings
 from ledgerflow.errors import (
@@ -27,9 +29,12 @@ from ledgerflow.records import (
     ArtifactRecorded,
     AttemptEnded,
     LogRecorded,
+    ModelCall,
     Notice,
     Record,
     StepRecorded,
+    ToolCall,
+    Transition,
 )
 from ledgerflow.results import Encoded, decode
 from ledgerflow.states import TaskState
@@ -39,6 +44,7 @@ from ledgerflow.views import (
     approval_rows,
     attempt_dict,
     decision_dict,
+    event_dict,
     lineage_rows,
     log_dict,
     notice_dict,
@@ -172,7 +178,8 @@ class MemoryStore:
     def lineage(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
         view = self.get_run(run_id)
         return lineage_rows(view, self._rows(run_id, ArtifactRecorded), task_key,
-                            self.approvals(run_id))
+                            self.approvals(run_id),
+                            self.model_calls(run_id) + self.tool_calls(run_id))
 
     def logs(self, run_id: str, task_key: str | None = None,
              attempt: int | None = None) -> list[dict[str, Any]]:
@@ -220,6 +227,15 @@ class MemoryStore:
     def steps(self, run_id: str) -> list[dict[str, Any]]:
         return [step_dict(r) for r in self._rows(run_id, StepRecorded)]
 
+    def worker_folders(self, run_id: str) -> None:
+        return None         # nothing on disk: steps live in the records only
+
+    def model_calls(self, run_id: str) -> list[dict[str, Any]]:
+        return [msgspec.structs.asdict(r) for r in self._rows(run_id, ModelCall)]
+
+    def tool_calls(self, run_id: str) -> list[dict[str, Any]]:
+        return [msgspec.structs.asdict(r) for r in self._rows(run_id, ToolCall)]
+
     def recover(self) -> None:
         return None         # nothing is derived: reads fold the records themselves
 
@@ -229,6 +245,9 @@ class MemoryStore:
 
     def repair(self) -> tuple[str, list[str]]:
         return "", []
+    def events(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
+        return [event_dict(r) for r in self._rows(run_id, Transition)
+                if task_key is None or r.task_key == task_key]
 
     def close(self) -> None:
         return None

@@ -9,13 +9,14 @@ from __future__ import annotations
 import base64
 import contextvars
 import json
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .approval import Approval, ApprovalNeeded, Decision, action_digest
-from .keys import idempotency_key
+from .keys import digest, idempotency_key
 from .results import decode, encode
 
 if TYPE_CHECKING:
@@ -57,12 +58,30 @@ class RunContext:
     _idempotency_key: str = ""
     _cancel: Callable[[], bool] | None = None
     lineage: list[tuple[str, str, str | None, dict[str, str]]] = field(default_factory=list)
+    #: Propagation headers an observer attached to this attempt (W3C ``traceparent``
+    #: when tracing is on), or None; program tasks pass them on as ``TRACEPARENT``...
+    carrier: dict[str, str] | None = None
     #: The task's code version (part of what an in-task approval is bound to).
     code_version: str = ""
     _approvals: dict[str, Decision] = field(default_factory=dict)
     _steps: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: Steps this attempt did: (name, kind, data, content hash), recorded when it ends.
     steps_done: list[tuple[str, str, str, str]] = field(default_factory=list)
+    #: Folders workers on this machine may keep durable files in for the ledger and
+    #: this run (budgets, rate limits); None for stores without a folder.
+    ledger_folder: str | None = None
+    run_folder: str | None = None
+    #: Model and tool calls made by this attempt (``record_model_call`` ...).
+    model_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+    def record_model_call(self, **call: Any) -> None:
+        """Record one model call (fields of :class:`ledgerflow.records.ModelCall`)."""
+        self.model_calls.append(call)
+
+    def record_tool_call(self, **call: Any) -> None:
+        """Record one tool call (fields of :class:`ledgerflow.records.ToolCall`)."""
+        self.tool_calls.append(call)
 
     def approval(self, action: str, payload: object = None, *, timeout: float | None = None,
                  on_timeout: str = "fail", approvers: Sequence[str] = (),
@@ -109,7 +128,25 @@ class RunContext:
         kind, data, chash = step_data(value)
         self._steps[name] = (kind, data)
         self.steps_done.append((name, kind, data, chash))
+        if self.run_folder:
+            append_step(step_log_path(self.run_folder, self.task_key), self.attempt, name,
+                        kind, data, chash)
         return value
+
+    def recorded_step(self, name: str) -> tuple[bool, Any]:
+        """``(True, value)`` if the step ``name`` was recorded for this task, else
+        ``(False, None)``: for callers that check before doing the work."""
+        done = self._steps.get(name)
+        return (True, step_value(*done)) if done is not None else (False, None)
+
+    def record_step(self, name: str, value: object) -> None:
+        """Record ``value`` as the result of the step ``name`` (see :meth:`step`)."""
+        kind, data, chash = step_data(value)
+        self._steps[name] = (kind, data)
+        self.steps_done.append((name, kind, data, chash))
+        if self.run_folder:
+            append_step(step_log_path(self.run_folder, self.task_key), self.attempt, name,
+                        kind, data, chash)
 
     @property
     def idempotency_key(self) -> str:
@@ -152,6 +189,39 @@ def step_data(value: object) -> tuple[str, str, str]:
     enc = encode(value)
     text = enc.data.decode() if enc.kind == "json" else base64.b64encode(enc.data).decode()
     return enc.kind, text, enc.hash
+
+
+def step_log_path(run_folder: str, task_key: str) -> str:
+    """The file a task's steps are appended to as they complete (durable at once)."""
+    return os.path.join(run_folder, "steps", digest(task_key.encode()) + ".jsonl")
+
+
+def append_step(path: str, attempt: int, name: str, kind: str, data: str, chash: str) -> None:
+    """Append one step result to a step log (one JSON line, one write)."""
+    line = json.dumps({"attempt": attempt, "name": name, "kind": kind, "data": data,
+                       "hash": chash}) + "\n"
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def read_step_log(path: str) -> list[dict[str, Any]]:
+    """The steps in a step log (a torn last line is left out)."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in data.split(b"\n"):
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
 
 
 def step_value(kind: str, text: str) -> object:

@@ -8,9 +8,11 @@ ledger. ``ledgerflow.testing.ExecutorContract`` is the contract suite.
 
 from __future__ import annotations
 
+import logging
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -18,6 +20,24 @@ from . import capture
 from .approval import ApprovalNeeded
 from .context import RunContext, TaskCancelled, TaskTimedOut, run_in_context
 from .results import Encoded, encode
+
+
+@runtime_checkable
+class Carrier(Protocol):
+    """What an observer attaches to an attempt (``ledgerflow_job_carrier``).
+
+    It travels with the :class:`Job` (pickled with it, so its class must be
+    importable wherever the job runs) and :func:`execute` enters
+    :meth:`scope` around the task call, in whatever process runs it.
+    ``headers`` (e.g. W3C ``traceparent``) are what a task sees as
+    ``context().carrier`` and program tasks get as environment variables.
+    """
+
+    headers: dict[str, str]
+
+    def scope(self) -> AbstractContextManager[Any]:
+        """A context manager to enter around the task call."""
+        ...
 
 
 @dataclass(slots=True, kw_only=True)
@@ -41,6 +61,11 @@ class Job:
     code_version: str = ""
     approvals: dict[str, Any] = field(default_factory=dict)
     steps: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: Folders workers may keep durable files in (step logs go to the run folder).
+    ledger_folder: str | None = None
+    run_folder: str | None = None
+    #: What an observer attached to this attempt (``ledgerflow_job_carrier``), or None.
+    carrier: Carrier | None = None
 
 
 @dataclass(slots=True)
@@ -71,6 +96,9 @@ class Completion:
     approval: dict[str, Any] | None = None
     #: Steps the attempt did: (name, kind, data, content hash).
     steps: list[tuple[str, str, str, str]] = field(default_factory=list)
+    #: Model and tool calls the attempt made (fields of ModelCall / ToolCall).
+    model_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
 @runtime_checkable
@@ -122,10 +150,14 @@ def execute(job: Job, cancel: Callable[[], bool] | None = None, *,
     What the attempt writes to stdout, stderr and ``logging`` is captured into
     the Completion (:mod:`ledgerflow.capture`).
     """
-    with capture.attempt(job.task_key, echo=job.echo) as out:
+    out, token = capture.start(job.task_key, echo=job.echo)
+    try:
         c = _execute(job, cancel, keep_value)
-    c.log = out.text()
-    c.log_dropped = out.dropped
+    finally:
+        capture.stop(out, token)
+    if out.head:
+        c.log = out.text()
+        c.log_dropped = out.dropped
     return c
 
 
@@ -134,9 +166,13 @@ def _execute(job: Job, cancel: Callable[[], bool] | None, keep_value: bool) -> C
     ctx = RunContext(run_id=job.run_id, task_key=job.task_key, attempt=job.attempt,
                      _idempotency_key=job.idempotency_key, _cancel=cancel,
                      code_version=job.code_version, _approvals=job.approvals,
-                     _steps=dict(job.steps))
+                     _steps=dict(job.steps),
+                     ledger_folder=job.ledger_folder, run_folder=job.run_folder,
+                     carrier=None if job.carrier is None else dict(job.carrier.headers))
     c = _attempt(job, ctx, keep_value)
     c.steps = ctx.steps_done
+    c.model_calls = ctx.model_calls
+    c.tool_calls = ctx.tool_calls
     return c
 
 
@@ -145,7 +181,11 @@ def _attempt(job: Job, ctx: RunContext, keep_value: bool) -> Completion:
     fn = job.fn
     inner = getattr(fn, "_plain", None)     # a Task: call its function directly
     try:
-        value = run_in_context(ctx, inner or fn, job.args, job.kwargs)
+        if job.carrier is not None:
+            with _carried(job.carrier):
+                value = run_in_context(ctx, inner or fn, job.args, job.kwargs)
+        else:
+            value = run_in_context(ctx, inner or fn, job.args, job.kwargs)
     except TaskCancelled:
         return Completion(job.id, "cancelled", started_at=started, ended_at=time.time(),
                           lineage=ctx.lineage, has_value=False)
@@ -176,3 +216,31 @@ def _attempt(job: Job, ctx: RunContext, keep_value: bool) -> Completion:
     return Completion(job.id, "ok", value=value if keep_value else None, encoded=enc,
                       started_at=started, ended_at=time.time(), lineage=ctx.lineage,
                       has_value=keep_value)
+
+
+
+@contextmanager
+def _carried(carrier: Carrier) -> Iterator[None]:
+    """Enter ``carrier.scope()`` around the task call; an observer's failure to enter or
+    leave it is logged, the task's own exceptions pass through unchanged."""
+    log = logging.getLogger("ledgerflow")
+    try:
+        cm = carrier.scope()
+        cm.__enter__()
+    except Exception:  # observers must never break a run
+        log.exception("entering an attempt carrier's scope failed")
+        yield
+        return
+    try:
+        yield
+    except BaseException as exc:
+        try:
+            cm.__exit__(type(exc), exc, exc.__traceback__)
+        except Exception:
+            log.exception("leaving an attempt carrier's scope failed")
+        raise
+    else:
+        try:
+            cm.__exit__(None, None, None)
+        except Exception:
+            log.exception("leaving an attempt carrier's scope failed")

@@ -15,10 +15,13 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import click
 
     from .config import Settings
-    from .executor import Executor
+    from .executor import Carrier, Executor
+    from .records import Record
     from .store import RunStore
 
 hookspec = pluggy.HookspecMarker("ledgerflow")
@@ -117,6 +120,68 @@ def ledgerflow_run_finish(run_id: str, state: str) -> None:
     When: after the run's last commit and the store's release. Process: the
     driver. Results: none; exceptions are logged.
     """
+
+
+@hookspec
+def ledgerflow_records_committed(run_id: str, records: Sequence[Record],
+                                 store: RunStore) -> None:
+    """The typed records of one commit of a run (:mod:`ledgerflow.records`), now durable.
+
+    Every commit a driver makes reaches this hook, in commit order: the run's
+    creation (``RunDefined`` first, before ``ledgerflow_run_start``), a
+    takeover by a resume (``DriverHeader``, ``RunStateChanged``), and every
+    group commit of the drive (transitions with their times, attempts,
+    results with fingerprints and content hashes, lineage, notices). An
+    observer that needs what an earlier drive recorded reads it from
+    ``store`` (the store being written; reads are safe, writes are not).
+    When: right after the commit returned, before the attempts it started
+    are handed to the executor. Process: the driver, in the thread that
+    drives the run: keep it cheap (hand slow work to a thread of your own).
+    Results: none; exceptions are logged. Runs with no implementation of
+    this hook pay nothing for it. Added in 0.2.
+    """
+
+
+@hookspec(firstresult=True)
+def ledgerflow_job_carrier(run_id: str, task_key: str, attempt: int) -> Carrier | None:
+    """Return a :class:`~ledgerflow.executor.Carrier` for an attempt about to start, or None.
+
+    The carrier travels with the attempt's :class:`~ledgerflow.executor.Job`
+    to whatever process runs it (it is pickled with the job: define its
+    class in an importable module), where its ``scope()`` is entered around
+    the task call; its ``headers`` (e.g. W3C ``traceparent``) are
+    ``context().carrier`` there, and program tasks get them as environment
+    variables (``TRACEPARENT``). When: after the commit that holds the
+    attempt's ``running`` transition (and after ``ledgerflow_records_committed``
+    saw it), once per attempt. Process: the driver. Results: the first
+    non-None result is used. Added in 0.2.
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def ledgerflow_lineage_formats() -> list[str]:
+    """Return the export formats of ``pipeline lineage --export FORMAT FILE`` you write.
+
+    When: for listings and error messages. Process: any. Results: combined.
+    Added in 0.2.
+    """
+    raise NotImplementedError
+
+
+@hookspec(firstresult=True)
+def ledgerflow_export_lineage(format: str, run_id: str, store: RunStore,
+                              path: str) -> int | None:
+    """Write the lineage of run ``run_id`` as ``format`` to ``path``; None if not yours.
+
+    ``path`` is a file to create or append to, or ``-`` for standard output.
+    Return how many items (events, rows) were written. Raise a
+    :class:`~ledgerflow.errors.PipelineError` for a run that cannot be
+    exported (e.g. still running). When: ``pipeline lineage --export``.
+    Process: the ``pipeline`` command. Results: the first non-None result.
+    Added in 0.2.
+    """
+    raise NotImplementedError
 
 
 @hookspec

@@ -31,7 +31,7 @@ from .runner import Runner
 from .states import RunState, TaskState
 from .store import Lease, RunStore
 from .task import MapRef, TaskRef
-from .views import RunView
+from .views import RunView, usage_summary
 
 if TYPE_CHECKING:
     from .pipeline import Pipeline
@@ -248,6 +248,24 @@ class Run:
         """What attempts wrote (stdout, stderr, logging): one dict per attempt with
         ``task_key``, ``attempt``, ``stream``, ``text`` and ``dropped`` (bytes cut)."""
         return self.store.logs(self.run_id, task_key, attempt)
+
+    def usage(self) -> dict[str, Any]:
+        """Tokens, cost and calls of the run's model calls: totals and per task, model
+        and key (``pipeline usage RUN_ID --json``)."""
+        return usage_summary(self.store.model_calls(self.run_id),
+                             self.store.tool_calls(self.run_id))
+
+    def model_calls(self) -> list[dict[str, Any]]:
+        """Every model call of the run, in order."""
+        return self.store.model_calls(self.run_id)
+
+    def tool_calls(self) -> list[dict[str, Any]]:
+        """Every tool call of the run, in order."""
+        return self.store.tool_calls(self.run_id)
+
+    def events(self, task_key: str | None = None) -> list[dict[str, Any]]:
+        """Every task transition (seq, task, attempt, from, to, reason, time), in order."""
+        return self.store.events(self.run_id, task_key)
 
     def result(self, task_key: str | None = None) -> Any:
         """Return the pipeline's return value, or one task's result.
@@ -467,10 +485,14 @@ def _runner(graph: Graph, st: RunStore, ex: Executor, settings: Settings, run_id
             cancel_event: threading.Event | None) -> Runner:
     hooks = get_plugin_manager().hook
     changed, ended = hooks.ledgerflow_task_state_changed, hooks.ledgerflow_attempt_finished
+    records, carrier = hooks.ledgerflow_records_committed, hooks.ledgerflow_job_carrier
+    # a hook nobody implements is not called at all (no cost on the hot path)
     return Runner(graph=graph, store=st, executor=ex, settings=settings, run_id=run_id,
                   prior=prior, cache=cache,
                   hook_changed=changed if changed.get_hookimpls() else None,
                   hook_attempt=ended if ended.get_hookimpls() else None,
+                  hook_records=records if records.get_hookimpls() else None,
+                  hook_carrier=carrier if carrier.get_hookimpls() else None,
                   on_change=progress, cancel_event=cancel_event)
 
 

@@ -635,6 +635,19 @@ def _hash_path(path: str) -> str | None:
     return h.hexdigest()
 
 
+def carrier_env(carrier: Mapping[str, str]) -> dict[str, str]:
+    """A propagation carrier as environment variables: ``traceparent`` -> ``TRACEPARENT``.
+
+    The OpenTelemetry convention for passing context to a child process
+    (``TRACEPARENT``, ``TRACESTATE``, ``BAGGAGE``).
+
+    Example:
+        >>> carrier_env({"traceparent": "00-ab-cd-01"})
+        {'TRACEPARENT': '00-ab-cd-01'}
+    """
+    return {re.sub(r"[^A-Z0-9_]", "_", k.upper()): v for k, v in carrier.items()}
+
+
 def _signame(num: int) -> str:
     try:
         return signal.Signals(num).name
@@ -754,6 +767,8 @@ class _Program:
             argv = [_fill(a, text) for a in self.argv]
         env = dict(os.environ) if self.inherit_env else {
             "PATH": os.environ.get("PATH", os.defpath)}
+        if ctx.carrier:     # trace context of the attempt (TRACEPARENT...), unless env= sets it
+            env.update(carrier_env(ctx.carrier))
         env.update({k: _fill(v, text) for k, v in self.env})
         env.update({f"LEDGERFLOW_PARAM_{k.upper()}": v for k, v in text.items()})
         env.update(LEDGERFLOW_RUN_ID=ctx.run_id, LEDGERFLOW_TASK_KEY=ctx.task_key,

@@ -213,6 +213,53 @@ class StepRecorded(Record, tag="X"):
     content_hash: str
 
 
+class ModelCall(Record, tag="M"):
+    """One call to a model: who, what it cost, what was reserved for it, its digests.
+
+    ``content`` holds the prompt and response text only when the task asked to
+    record content (``record_content=True``); else it is empty.
+    """
+
+    TABLE = "model_calls"
+
+    task_key: str
+    attempt: int
+    seq: int
+    provider: str
+    model: str
+    key_alias: str
+    request_hash: str
+    response_hash: str
+    input_tokens: int
+    output_tokens: int
+    cost: float
+    latency: float
+    finish_reason: str
+    tool_calls: list[str]
+    reserved_tokens: int
+    reserved_cost: float
+    replayed: bool
+    content: str
+
+
+class ToolCall(Record, tag="U"):
+    """One call of a tool by an agent: which tool, a digest of its arguments, who
+    approved it, how it ended and a hash of its result."""
+
+    TABLE = "tool_calls"
+
+    task_key: str
+    attempt: int
+    seq: int
+    tool: str
+    arguments_digest: str
+    approved_by: str
+    outcome: str
+    result_hash: str
+    error: str
+    replayed: bool
+
+
 class Takeover(Record, tag="K"):
     """Written by a store when a new driver takes a run over: the previous driver's
     segment (``from_token``) counts up to byte ``from_offset``; what it wrote after
@@ -225,14 +272,16 @@ class Takeover(Record, tag="K"):
 
 AnyRecord = Union[RunDefined, DriverHeader, RunStateChanged, TaskCreated, Transition,  # noqa: UP007
                   AttemptEnded, ResultRecorded, ArtifactRecorded, Notice, LogRecorded,
-                  ApprovalRequested, ApprovalDecided, StepRecorded, Takeover]
+                  ApprovalRequested, ApprovalDecided, StepRecorded, ModelCall, ToolCall,
+                  Takeover]
 
 #: Every record kind, by tag.
 KINDS: Final[dict[str, type[Record]]] = {
     cls.__struct_config__.tag: cls  # type: ignore[misc]
     for cls in (RunDefined, DriverHeader, RunStateChanged, TaskCreated, Transition,
                 AttemptEnded, ResultRecorded, ArtifactRecorded, Notice, LogRecorded,
-                ApprovalRequested, ApprovalDecided, StepRecorded, Takeover)}
+                ApprovalRequested, ApprovalDecided, StepRecorded, ModelCall, ToolCall,
+                Takeover)}
 
 #: Kinds that describe the run itself (no task rows needed to apply them).
 RUN_KINDS: Final[tuple[type[Record], ...]] = (RunDefined, DriverHeader, RunStateChanged)

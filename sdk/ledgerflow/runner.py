@@ -15,8 +15,10 @@ Two rules order the commits:
 * *durable before unlock* follows: a dependent starts only after the commit
   that holds its upstream's success and result.
 
-Observers (the ``ledgerflow_task_state_changed`` hook, progress displays)
-hear of a transition after the commit that holds it.
+Observers (the ``ledgerflow_task_state_changed`` and
+``ledgerflow_records_committed`` hooks, progress displays) hear of a
+transition after the commit that holds it; an observer may attach a
+propagation carrier to each attempt it saw start (``ledgerflow_job_carrier``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 from ._gc import quiet_gc
 from .approval import APPROVED, EXPIRED, REJECTED, Approval, Decision, summarize, task_digest
 from .config import Settings
+from .context import read_step_log, step_log_path
 from .errors import (
     ApprovalConflictError,
     InvalidTransitionError,
@@ -55,6 +58,7 @@ from .records import (
     AttemptEnded,
     DriverHeader,
     LogRecorded,
+    ModelCall,
     Notice,
     Record,
     ResultRecorded,
@@ -62,6 +66,7 @@ from .records import (
     RunStateChanged,
     StepRecorded,
     TaskCreated,
+    ToolCall,
     Transition,
 )
 from .results import decode
@@ -91,6 +96,15 @@ _SUCCEEDED, _FAILED, _CANCELLED = _T.SUCCEEDED.value, _T.FAILED.value, _T.CANCEL
 _UPSTREAM_FAILED = _T.UPSTREAM_FAILED.value
 _WAITING_APPROVAL = _T.WAITING_APPROVAL.value
 _NO_STEPS: dict[str, tuple[str, str]] = {}
+#: Defaults of the fields a task may leave out when it records a model or tool call.
+_MODEL_CALL: dict[str, Any] = {
+    "seq": 0, "provider": "", "model": "", "key_alias": "", "request_hash": "",
+    "response_hash": "", "input_tokens": 0, "output_tokens": 0, "cost": 0.0,
+    "latency": 0.0, "finish_reason": "", "tool_calls": [], "reserved_tokens": 0,
+    "reserved_cost": 0.0, "replayed": False, "content": ""}
+_TOOL_CALL: dict[str, Any] = {
+    "seq": 0, "tool": "", "arguments_digest": "", "approved_by": "", "outcome": "",
+    "result_hash": "", "error": "", "replayed": False}
 _TERMINAL = frozenset(s.value for s in TERMINAL)
 _FAILED_LIKE = frozenset(s.value for s in FAILED_LIKE)
 _NOT_STARTED = frozenset(s.value for s in NOT_STARTED)
@@ -112,6 +126,8 @@ class Runner:
                  cache: dict[str, CacheHit] | None = None,
                  hook_changed: Callable[..., Any] | None = None,
                  hook_attempt: Callable[..., Any] | None = None,
+                 hook_records: Callable[..., Any] | None = None,
+                 hook_carrier: Callable[..., Any] | None = None,
                  cancel_event: threading.Event | None = None,
                  on_change: Callable[[str, str, str], None] | None = None) -> None:
         self.graph = graph
@@ -124,6 +140,8 @@ class Runner:
         self.hook_changed = hook_changed
         self.hook_attempt = hook_attempt
         self.ended: list[AttemptEnded] = []     # told to observers after the commit
+        self.hook_records = hook_records
+        self.hook_carrier = hook_carrier
         self.on_change = on_change
         self.observed = hook_changed is not None or on_change is not None
         self.cancel_event = cancel_event or threading.Event()
@@ -167,6 +185,8 @@ class Runner:
         self.journaled: set[str] = set()
         self.latest_request: dict[str, str] = {}
         self.steps: dict[str, dict[str, tuple[str, str]]] = {}
+        folders = getattr(store, "worker_folders", None)
+        self.folders: tuple[str, str] | None = folders(run_id) if folders else None
         #: the store's optional lease-loss probe (see :meth:`_check_lease`)
         self.lease_probe: Callable[[Lease], str | None] | None = getattr(
             store, "lease_lost", None)
@@ -188,6 +208,7 @@ class Runner:
         self._move_run(RunState.SUBMITTED if submit else RunState.RUNNING, "",
                        records=records)
         self.lease = self.store.create_run(self.run_id, records)
+        self._committed(records)
         return self.lease
 
     def take_over(self, lease: Lease) -> None:
@@ -196,6 +217,7 @@ class Runner:
         records: list[Record] = [driver_header(lease.token)]
         self._move_run(RunState.RUNNING, "resumed", resume=True, records=records)
         self.store.append(lease, records)
+        self._committed(records)
 
     def cancel_submitted(self, lease: Lease, reason: str) -> None:
         """End a ``submitted`` run that no driver took yet: it goes ``cancelled``."""
@@ -282,12 +304,22 @@ class Runner:
         self.buf.append(Notice(key, attempt, kind, message, time.time()))
 
     # -- commits ------------------------------------------------------------------------
+    def _committed(self, records: list[Record]) -> None:
+        """Hand one commit's records to ``ledgerflow_records_committed`` observers."""
+        if self.hook_records is not None:
+            try:
+                self.hook_records(run_id=self.run_id, records=records, store=self.store)
+            except Exception:  # observers must never break a run
+                log.exception("ledgerflow_records_committed hook failed")
+
     def _flush(self) -> None:
         """Write the buffered records (one group commit), then tell observers."""
         if self.buf:
             records, self.buf = self.buf, []
             assert self.lease is not None
             self.store.append(self.lease, records)
+            if self.hook_records is not None:
+                self._committed(records)
         if self.changes:
             changes, self.changes = self.changes, []
             self._notify(changes)
@@ -506,7 +538,9 @@ class Runner:
                   timeout=opts.timeout, task_name=node.task.name,  # idempotency key: lazily
                   echo=self.echo, code_version=node.task.version,
                   approvals=self._decisions_for(inst.key) if self.decided else {},
-                  steps=self.steps.get(inst.key, _NO_STEPS))
+                  steps=self._steps_for(inst),
+                  ledger_folder=self.folders[0] if self.folders else None,
+                  run_folder=self.folders[1] if self.folders else None)
         inst.job = job
         self.jobs[job.id] = inst
         self.inflight += 1
@@ -523,11 +557,17 @@ class Runner:
         if inst.state != _RUNNING:      # cancelled before it could start: nothing ran
             self._on_complete(Completion(job.id, "cancelled", has_value=False))
             return
+        if self.hook_carrier is not None:
+            try:
+                job.carrier = self.hook_carrier(run_id=job.run_id, task_key=job.task_key,
+                                                attempt=job.attempt)
+            except Exception:  # observers must never break a run
+                log.exception("ledgerflow_job_carrier hook failed")
         if self.in_driver or (alone and self.inline_when_alone and job.timeout is None
                               and self.inflight == 1 and not self.ready):
             c = execute(job, self._cancel_seen)
             self._check_lease()
-            if not self.cancelling and self._cancel_seen():
+            if c.outcome == "cancelled" and not self.cancelling and self._cancel_seen():
                 self._start_cancel("cancel requested")   # running -> cancelling first
             self._on_complete(c)
             return
@@ -628,6 +668,16 @@ class Runner:
         return {dg: Decision(d["decision"], d.get("decided_by") or "", d.get("reason") or "",
                              float(d.get("decided_at") or 0), dg)
                 for dg, d in self.decided.items() if d["task_key"] == key}
+
+    def _steps_for(self, inst: Instance) -> dict[str, tuple[str, str]]:
+        """Steps recorded for a task: at attempt ends, and (for attempts that never
+        reported, e.g. lost with their process) in its step log."""
+        if inst.attempt <= 1 or self.folders is None:
+            return self.steps.get(inst.key, _NO_STEPS)
+        recorded = self.steps.setdefault(inst.key, {})
+        for line in read_step_log(step_log_path(self.folders[1], inst.key)):
+            recorded.setdefault(line["name"], (line["kind"], line["data"]))
+        return recorded
 
     def _load_signals(self) -> None:
         """What a prior drive recorded: requests, decisions and step results."""
@@ -745,6 +795,12 @@ class Runner:
             return
         self._attempt_ended(AttemptEnded(inst.key, inst.attempt, c.outcome, c.started_at,
                                      c.ended_at, c.error_type, c.error_message, c.traceback))
+        for call in c.model_calls:
+            self.buf.append(ModelCall(**{**_MODEL_CALL, **call, "task_key": inst.key,
+                                         "attempt": inst.attempt}))
+        for call in c.tool_calls:
+            self.buf.append(ToolCall(**{**_TOOL_CALL, **call, "task_key": inst.key,
+                                        "attempt": inst.attempt}))
         if c.steps:
             recorded = self.steps.setdefault(inst.key, {})
             for name, kind, data, step_hash in c.steps:

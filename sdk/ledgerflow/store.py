@@ -84,6 +84,9 @@ class RunStore(Protocol):
     def attempts(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
         """One row per finished attempt."""
 
+    def events(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
+        """Every task transition of a run, in the order it was made (``seq``)."""
+
     def logs(self, run_id: str, task_key: str | None = None,
              attempt: int | None = None) -> list[dict[str, Any]]:
         """What attempts wrote (stdout, stderr, logging), one row per attempt."""
@@ -107,6 +110,16 @@ class RunStore(Protocol):
 
     def steps(self, run_id: str) -> list[dict[str, Any]]:
         """Results of steps tasks recorded (``context().step``)."""
+
+    def model_calls(self, run_id: str) -> list[dict[str, Any]]:
+        """Every model call of the run (fields of ``records.ModelCall``)."""
+
+    def tool_calls(self, run_id: str) -> list[dict[str, Any]]:
+        """Every tool call of the run (fields of ``records.ToolCall``)."""
+
+    def worker_folders(self, run_id: str) -> tuple[str, str] | None:
+        """(ledger folder, run folder) where workers on this machine may keep durable
+        files (step logs, budgets), or None when the store has no folder."""
 
     def recover(self) -> None:
         """Bring what is derived from the records up to date (e.g. fold the journals a

@@ -21,6 +21,7 @@ from .records import (
     LogRecorded,
     Notice,
     StepRecorded,
+    Transition,
 )
 from .states import FAILED_LIKE, RUN_ACTIVE, TaskState
 
@@ -146,6 +147,13 @@ def attempt_dict(r: AttemptEnded) -> dict[str, Any]:
             "traceback": r.traceback}
 
 
+def event_dict(r: Transition) -> dict[str, Any]:
+    """A task transition as ``Run.events()`` shows it."""
+    return {"seq": r.seq, "task_key": r.task_key, "attempt": r.attempt,
+            "from_state": r.from_state, "to_state": r.to_state, "reason": r.reason,
+            "ts": r.ts}
+
+
 def log_dict(r: LogRecorded) -> dict[str, Any]:
     """An attempt's output as ``pipeline logs --json`` shows it."""
     return {"task_key": r.task_key, "attempt": r.attempt, "stream": r.stream,
@@ -194,6 +202,35 @@ def step_dict(r: StepRecorded) -> dict[str, Any]:
             "data": r.data, "content_hash": r.content_hash}
 
 
+def usage_summary(model_calls: Iterable[Mapping[str, Any]],
+                  tool_calls: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """Tokens, cost and calls, in total and per task, model and key alias
+    (``pipeline usage --json``). Replayed calls are counted apart: nothing billed."""
+    def blank() -> dict[str, Any]:
+        return {"model_calls": 0, "input_tokens": 0, "output_tokens": 0, "tokens": 0,
+                "cost": 0.0, "replayed": 0, "tool_calls": 0}
+    totals = blank()
+    by: dict[str, dict[str, dict[str, Any]]] = {"task": {}, "model": {}, "key": {}}
+    for c in model_calls:
+        names = {"task": c["task_key"], "model": f"{c['provider']}/{c['model']}",
+                 "key": c["key_alias"] or "-"}
+        for group in (totals, *(by[k].setdefault(v, blank()) for k, v in names.items())):
+            if c.get("replayed"):
+                group["replayed"] += 1
+                continue
+            group["model_calls"] += 1
+            group["input_tokens"] += int(c["input_tokens"])
+            group["output_tokens"] += int(c["output_tokens"])
+            group["tokens"] += int(c["input_tokens"]) + int(c["output_tokens"])
+            group["cost"] += float(c["cost"])
+    for t in tool_calls:
+        totals["tool_calls"] += 1
+        by["task"].setdefault(t["task_key"], blank())["tool_calls"] += 1
+    return {"totals": totals,
+            **{f"by_{k}": [{k: name, **v} for name, v in sorted(rows.items())]
+               for k, rows in by.items()}}
+
+
 def notice_dict(r: Notice) -> dict[str, Any]:
     """A notice as the CLI's and the API's JSON show it."""
     return {"task_key": r.task_key, "attempt": r.attempt, "kind": r.kind,
@@ -202,7 +239,8 @@ def notice_dict(r: Notice) -> dict[str, Any]:
 
 def lineage_rows(view: RunView, artifacts: Iterable[ArtifactRecorded],
                  task_key: str | None,
-                 approvals: Iterable[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+                 approvals: Iterable[Mapping[str, Any]] = (),
+                 calls: Iterable[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
     """Upstream results read, the result produced, recorded artifacts, and the
     approval decisions a task ran under (direction ``approval``)."""
     out: list[dict[str, Any]] = []
@@ -245,6 +283,26 @@ def lineage_rows(view: RunView, artifacts: Iterable[ArtifactRecorded],
                         "attrs": {"action": a["action"], "decision": a["state"],
                                   "decided_by": a["decided_by"] or "",
                                   "reason": a["reason"] or ""}})
+    for c in calls:     # model and tool calls: what an agent asked and did
+        if task_key is None or c["task_key"] == task_key:
+            made = view.tasks.get(c["task_key"])
+            if "tool" in c:
+                out.append({"task_key": c["task_key"], "attempt": c["attempt"],
+                            "direction": "tool_call", "uri": f"tool:{c['tool']}",
+                            "content_hash": c["result_hash"] or None,
+                            "code_version": made.code_version if made else None,
+                            "attrs": {"seq": str(c["seq"]), "outcome": c["outcome"],
+                                      "arguments_digest": c["arguments_digest"],
+                                      "approved_by": c["approved_by"]}})
+            else:
+                out.append({"task_key": c["task_key"], "attempt": c["attempt"],
+                            "direction": "model_call",
+                            "uri": f"model:{c['provider']}/{c['model']}",
+                            "content_hash": c["response_hash"] or None,
+                            "code_version": made.code_version if made else None,
+                            "attrs": {"seq": str(c["seq"]), "request": c["request_hash"],
+                                      "tokens": str(c["input_tokens"] + c["output_tokens"]),
+                                      "cost": str(c["cost"]), "key": c["key_alias"]}})
     return out
 
 

@@ -210,3 +210,47 @@ def test_status_table_shows_item_keys_and_groups_large_runs(runner: CliRunner, w
     assert big.exit_code == 0
     lines = [ln for ln in big.output.splitlines() if "square" in ln and "80 succeeded" in ln]
     assert lines, big.output
+
+
+def test_lineage_export_goes_to_the_plugin_of_that_format(runner: CliRunner, write_flow,
+                                                          ledger: str, tmp_path: Path) -> None:
+    from ledgerflow import hookimpl
+    from ledgerflow.plugins import get_plugin_manager
+    from ledgerflow.store import RunStore
+
+    class Exporter:
+        @hookimpl
+        def ledgerflow_lineage_formats(self) -> list[str]:
+            return ["rows"]
+
+        @hookimpl
+        def ledgerflow_export_lineage(self, format: str, run_id: str, store: RunStore,
+                                      path: str) -> int | None:
+            if format != "rows":
+                return None
+            rows = store.lineage(run_id)
+            Path(path).write_text("".join(json.dumps(r) + "\n" for r in rows))
+            return len(rows)
+
+    res = runner.invoke(main, ["run", write_flow(FLOW), "--store", ledger, "--json"])
+    run_id = json.loads(res.output)["run_id"]
+    pm = get_plugin_manager()
+    plugin = Exporter()
+    pm.register(plugin, name="test-exporter")
+    try:
+        out = tmp_path / "rows.jsonl"
+        res = runner.invoke(main, ["lineage", run_id, "--export", "rows", str(out),
+                                   "--store", ledger])
+        assert res.exit_code == 0, res.output
+        lines = out.read_text().splitlines()
+        assert res.output.strip() == f"wrote {len(lines)} rows item(s) of run {run_id} to {out}"
+        assert any(json.loads(x)["uri"] == "task:square[0]" for x in lines)
+        res = runner.invoke(main, ["lineage", run_id, "--export", "nope", str(out),
+                                   "--store", ledger])
+        assert res.exit_code == 2
+        assert "no lineage export format 'nope'" in res.output and "rows" in res.output
+        res = runner.invoke(main, ["lineage", "no-such-run", "--export", "rows",
+                                   str(tmp_path / "x"), "--store", ledger])
+        assert res.exit_code == 2 and not (tmp_path / "x").exists()
+    finally:
+        pm.unregister(plugin)

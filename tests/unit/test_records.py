@@ -20,6 +20,7 @@ from ledgerflow.records import (
     AttemptEnded,
     DriverHeader,
     LogRecorded,
+    ModelCall,
     Notice,
     ResultRecorded,
     RunDefined,
@@ -27,6 +28,7 @@ from ledgerflow.records import (
     StepRecorded,
     Takeover,
     TaskCreated,
+    ToolCall,
     Transition,
 )
 
@@ -48,6 +50,9 @@ SAMPLES = [
                       None, "fail", ["ana", "bo"], "publishes the index"),
     ApprovalDecided("publish", "ab" * 16, "approved", "ana", "looks right", 10.5),
     StepRecorded("notify", 1, "compose", "json", '"3 items"', "h2"),
+    ModelCall("ask", 1, 1, "mock", "m", "OPENAI_KEY", "rq", "rs", 12, 3, 0.25, 0.5, "stop",
+              ["search"], 40, 1.0, False, ""),
+    ToolCall("ask", 1, 1, "search", "ad", "ana", "ok", "rh", "", True),
 ]
 
 

@@ -97,6 +97,8 @@ def _sql_cast(ann: Any, index: int) -> str:
         return f"r[{index}]::BIGINT"
     if origin is float:
         return f"r[{index}]::DOUBLE"
+    if origin is bool:
+        return f"r[{index}]::BOOLEAN"
     if origin is list:
         return f"""json_transform(r[{index}], '["VARCHAR"]')"""
     return f"r[{index}]"      # str, and dicts kept as their JSON text

@@ -14,7 +14,7 @@ import duckdb
 
 from ledgerflow.errors import NotALedgerError, SchemaVersionError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 MIGRATIONS: list[tuple[int, list[str]]] = [
     (1, [
@@ -88,6 +88,18 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         # results of steps tasks recorded (context().step), replayed on re-runs
         """CREATE TABLE steps(run_id VARCHAR, task_key VARCHAR, attempt INTEGER,
             name VARCHAR, kind VARCHAR, data VARCHAR, content_hash VARCHAR)""",
+    ]),
+    (4, [
+        # every model call and tool call of agent and model tasks
+        """CREATE TABLE model_calls(run_id VARCHAR, task_key VARCHAR, attempt INTEGER,
+            seq INTEGER, provider VARCHAR, model VARCHAR, key_alias VARCHAR,
+            request_hash VARCHAR, response_hash VARCHAR, input_tokens BIGINT,
+            output_tokens BIGINT, cost DOUBLE, latency DOUBLE, finish_reason VARCHAR,
+            tool_calls VARCHAR[], reserved_tokens BIGINT, reserved_cost DOUBLE,
+            replayed BOOLEAN, content VARCHAR)""",
+        """CREATE TABLE tool_calls(run_id VARCHAR, task_key VARCHAR, attempt INTEGER,
+            seq INTEGER, tool VARCHAR, arguments_digest VARCHAR, approved_by VARCHAR,
+            outcome VARCHAR, result_hash VARCHAR, error VARCHAR, replayed BOOLEAN)""",
     ]),
 ]
 

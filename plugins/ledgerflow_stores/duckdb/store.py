@@ -21,6 +21,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
+
 from ledgerflow.errors import (
     DamagedLedgerError,
     JournalDamagedError,
@@ -40,11 +42,14 @@ from ledgerflow.records import (
     ArtifactRecorded,
     AttemptEnded,
     LogRecorded,
+    ModelCall,
     Notice,
     Record,
     RunDefined,
     StepRecorded,
     Takeover,
+    ToolCall,
+    Transition,
 )
 from ledgerflow.results import Encoded
 from ledgerflow.states import RUN_ACTIVE
@@ -54,6 +59,7 @@ from ledgerflow.views import (
     approval_rows,
     attempt_dict,
     decision_dict,
+    event_dict,
     lineage_rows,
     log_dict,
     notice_dict,
@@ -354,13 +360,18 @@ class DuckDBStore:
             tail, damage = self._tail(con, run_id)
         view = self._view(run_id, view, tail, damage)
         arts = rows + [r for r in tail if type(r) is ArtifactRecorded]
-        return lineage_rows(view, arts, task_key, self.approvals(run_id))
+        return lineage_rows(view, arts, task_key, self.approvals(run_id),
+                            self.model_calls(run_id) + self.tool_calls(run_id))
 
     def notices(self, run_id: str) -> list[dict[str, Any]]:
         return [notice_dict(r) for r in self._records(run_id, Notice)]
 
     def attempts(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
         return [attempt_dict(r) for r in self._records(run_id, AttemptEnded)
+                if task_key is None or r.task_key == task_key]
+
+    def events(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
+        return [event_dict(r) for r in self._records(run_id, Transition)
                 if task_key is None or r.task_key == task_key]
 
     def logs(self, run_id: str, task_key: str | None = None,
@@ -393,6 +404,17 @@ class DuckDBStore:
 
     def steps(self, run_id: str) -> list[dict[str, Any]]:
         return [step_dict(r) for r in self._records(run_id, StepRecorded)]
+
+    def worker_folders(self, run_id: str) -> tuple[str, str]:
+        """(the ledger's side folder, this run's folder): where workers on this machine
+        keep durable files (step logs, budgets, rate limits)."""
+        return str(self.side), str(self.leases.run_dir(run_id))
+
+    def model_calls(self, run_id: str) -> list[dict[str, Any]]:
+        return [msgspec.structs.asdict(r) for r in self._records(run_id, ModelCall)]
+
+    def tool_calls(self, run_id: str) -> list[dict[str, Any]]:
+        return [msgspec.structs.asdict(r) for r in self._records(run_id, ToolCall)]
 
     def driver_alive(self, run_id: str) -> bool:
         """True if a live process drives ``run_id``: its lease names one, or one holds

@@ -442,17 +442,25 @@ def runs(store: str | None, as_json: bool, limit: int) -> None:
 @click.argument("run_id")
 @click.option("--task", "task_key", metavar="KEY", envvar="LEDGERFLOW_TASK",
               help="Only this task, with its ancestry [env LEDGERFLOW_TASK].")
+@click.option("--export", "export", nargs=2, metavar="FORMAT FILE", default=None,
+              help="Write the run's lineage in FORMAT (e.g. openlineage: one event per "
+              "line) to FILE ('-': standard output) instead of showing it.")
 @STORE
 @JSON
 @guard
-def lineage(run_id: str, task_key: str | None, store: str | None, as_json: bool) -> None:
+def lineage(run_id: str, task_key: str | None, export: tuple[str, str] | None,
+            store: str | None, as_json: bool) -> None:
     """Show where results came from: inputs, outputs, hashes, code versions.
 
     \b
     Example:
       pipeline lineage RUN_ID --task 'embed[doc-1.md]'
+      pipeline lineage RUN_ID --export openlineage events.jsonl
     """
     st = api.open_ledger(store)
+    if export is not None:
+        _export_lineage(st, run_id, export[0], export[1], task_key, as_json)
+        return
     rows = st.lineage(run_id)
     if task_key is not None:
         view = st.get_run(run_id)
@@ -467,6 +475,31 @@ def lineage(run_id: str, task_key: str | None, store: str | None, as_json: bool)
         attrs = " ".join(f"{k}={v}" for k, v in (r.get("attrs") or {}).items())
         out(f"{r['task_key']}  attempt {r['attempt']}  {r['direction']:<6} {r['uri']}  "
             f"hash={(r['content_hash'] or '-')[:12]}  code={r['code_version']}  {attrs}")
+
+
+def _export_lineage(st: Any, run_id: str, fmt: str, path: str, task_key: str | None,
+                    as_json: bool) -> None:
+    from ..plugins import get_plugin_manager
+    if task_key is not None:
+        raise InputError("--export writes a whole run; it does not take --task",
+                         hint=f"pipeline lineage {run_id} --export {fmt} {path}")
+    hook = get_plugin_manager().hook
+    formats = sorted({f for fs in hook.ledgerflow_lineage_formats() for f in fs})
+    if fmt not in formats:
+        raise InputError(f"no lineage export format {fmt!r}; installed: "
+                         + (", ".join(formats) or "none"),
+                         hint="pass one of them, e.g. --export openlineage FILE")
+    st.get_run(run_id, tasks=False)         # RunNotFoundError before anything is written
+    written = hook.ledgerflow_export_lineage(format=fmt, run_id=run_id, store=st, path=path)
+    if written is None:
+        raise PluginError(f"the plugin offering lineage format {fmt!r} exported nothing",
+                          hint="check its ledgerflow_export_lineage hook")
+    if path == "-":
+        return
+    if as_json:
+        out(dumps({"run_id": run_id, "format": fmt, "path": path, "written": written}))
+    else:
+        out(f"wrote {written} {fmt} item(s) of run {run_id} to {path}")
 
 
 @main.command()
@@ -661,3 +694,33 @@ def reject(run_id: str, task_key: str, reason: str, digest: str | None, by: str 
     """
     doc = api.reject(run_id, task_key, reason=reason, digest=digest, by=by, store=store)
     _decided(doc, run_id, and_resume, store)
+
+
+@main.command()
+@click.argument("run_id")
+@STORE
+@JSON
+@guard
+def usage(run_id: str, store: str | None, as_json: bool) -> None:
+    """Sum a run's model calls: tokens, cost and calls per task, model and key.
+
+    \b
+    Example:
+      pipeline usage 20261129-194138-3fa9c2 --json
+    """
+    doc = api.get_run(run_id, store=store).usage()
+    if as_json:
+        out(dumps(doc))
+        return
+    t = doc["totals"]
+    out(f"run {run_id}: {t['model_calls']} model call(s), {t['tokens']} tokens "
+        f"({t['input_tokens']} in, {t['output_tokens']} out), cost {t['cost']:.6g}, "
+        f"{t['tool_calls']} tool call(s)"
+        + (f", {t['replayed']} replayed (not billed)" if t["replayed"] else ""))
+    for group in ("task", "model", "key"):
+        rows = doc[f"by_{group}"]
+        if rows:
+            out(f"by {group}:")
+            for r in rows:
+                out(f"  {r[group]:<40} {r['model_calls']:>5} calls {r['tokens']:>9} tokens "
+                    f"cost {r['cost']:.6g}")

@@ -32,7 +32,7 @@ from ..records import (
 )
 from ..results import encode
 from ..store import RunStore
-from ..views import RunView
+from ..views import RunView, event_dict
 
 
 def run_records(run_id: str, now: float | None = None) -> list[Record]:
@@ -139,6 +139,10 @@ class StoreContract:
                                                              "ok"]
         assert st.attempts("r0", "src")[0]["traceback"] == "Traceback..."
         assert [n["kind"] for n in st.notices("r0")] == ["late_result_rejected"]
+        transitions = [r for r in all_records if isinstance(r, Transition)]
+        assert st.events("r0") == [event_dict(r) for r in transitions]
+        assert st.events("r0", "src") == [event_dict(r) for r in transitions
+                                          if r.task_key == "src"]
         arts = [r for r in st.lineage("r0", "src") if r["uri"] == "file:///x"]
         assert arts and arts[0]["attrs"] == {"bytes": "3"}
         head = st.get_run("r0", tasks=False)
@@ -208,7 +212,8 @@ class StoreContract:
     def test_unknown_run(self, tmp_path: Path) -> None:
         st = self.make_store(tmp_path)
         for read in (lambda: st.get_run("nope"), lambda: st.attempts("nope"),
-                     lambda: st.notices("nope"), lambda: st.lineage("nope")):
+                     lambda: st.notices("nope"), lambda: st.lineage("nope"),
+                     lambda: st.events("nope")):
             try:
                 read()
             except RunNotFoundError:
