@@ -322,18 +322,23 @@ class Runner:
         if base is None:
             base = self.fp_base[node.task] = fingerprint_base(node.task.name, node.task.version)
         inst.fp = finish_fingerprint(base, self.plan.literal_bytes(inst), ups)
+        rejected = ""
         if opts.cache:
             hit = self.cache.get(inst.fp)
             if hit is not None:
                 src_run, src_key, chash, kind, data, uri, size = hit
-                inst.hash = chash
-                inst.ref = (kind, data, uri)
-                self.buf.append(("R", inst.key, inst.attempt, inst.fp, chash, kind, data, uri,
-                                 size, src_run))
-                inst.fp = None
-                self._move(inst, "succeeded", f"cached: same fingerprint as {src_run}/{src_key}")
-                self.unlock.append(inst)
-                return
+                if opts.verify is not None:
+                    rejected = self._verify(opts.verify, inst, hit, args, kwargs)
+                if not rejected:
+                    inst.hash = chash
+                    inst.ref = (kind, data, uri)
+                    self.buf.append(("R", inst.key, inst.attempt, inst.fp, chash, kind, data,
+                                     uri, size, src_run))
+                    inst.fp = None
+                    self._move(inst, "succeeded",
+                               f"cached: same fingerprint as {src_run}/{src_key}")
+                    self.unlock.append(inst)
+                    return
         inst.attempt += 1
         inst.used += 1
         self.next_job += 1
@@ -342,7 +347,7 @@ class Runner:
         inst.job = job
         self.jobs[job.id] = inst
         self.inflight += 1
-        self._move(inst, "running", f"attempt {inst.attempt}")
+        self._move(inst, "running", f"attempt {inst.attempt}{rejected}")
         if opts.timeout is not None:
             self._timer(time.monotonic() + opts.timeout, "timeout", job.id)
         elif self.inline_when_alone and self.inflight == 1 and not self.ready \
@@ -363,6 +368,27 @@ class Runner:
                                          error_message=f"executor could not start it: {exc}",
                                          started_at=time.time(), ended_at=time.time(),
                                          has_value=False))
+
+    def _verify(self, verify: Callable[..., object], inst: Inst, hit: tuple[Any, ...],
+                args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """Check a cache hit of a task with ``verify=``; return why it was rejected, or "".
+
+        Runs in the driver, with the cached result and the task's resolved
+        arguments. Only True accepts; False or an exception rejects (the task
+        then runs, and the reason lands in the ``running`` transition).
+        """
+        src_run, src_key, _, kind, data, uri, _ = hit
+        where = f"{src_run}/{src_key}"
+        try:
+            value = self.store.read_blob(kind, data, uri)
+            ok = verify(value, *args, **kwargs)
+        except Exception as exc:  # user code: a failing check means "not verified"
+            return f"; cache hit rejected by verify: {type(exc).__name__}: {exc} ({where})"
+        if ok is True:
+            inst.value = value      # read once: dependents use it as it is
+            return ""
+        name = getattr(verify, "__qualname__", repr(verify))
+        return f"; cache hit rejected by verify: {name} returned {ok!r} ({where})"
 
     def _cancel_seen(self) -> bool:
         return self.cancel_event.is_set() or self.store.cancel_requested(self.run_id)

@@ -40,6 +40,7 @@ class TaskOptions:
     cache: bool = True
     version: str | None = None
     name: str | None = None
+    verify: Callable[..., object] | None = None
 
     def delay(self, failures: int, rand: float) -> float:
         """Seconds to wait before the next attempt after ``failures`` failures."""
@@ -167,15 +168,17 @@ def task(fn: Callable[P, R], /) -> Task[P, R]: ...
 def task(*, retries: int = 0, retry_delay: float = 0.0, backoff: float = 1.0,
          jitter: float = 0.0, timeout: float | None = None,
          retry_on: type[BaseException] | Sequence[type[BaseException]] | None = None,
-         cache: bool = True, version: str | None = None,
-         name: str | None = None) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+         cache: bool = True, version: str | None = None, name: str | None = None,
+         verify: Callable[..., object] | None = None,
+         ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
 def task(fn: Callable[P, R] | None = None, /, *, retries: int = 0, retry_delay: float = 0.0,
          backoff: float = 1.0, jitter: float = 0.0, timeout: float | None = None,
          retry_on: type[BaseException] | Sequence[type[BaseException]] | None = None,
-         cache: bool = True, version: str | None = None,
-         name: str | None = None) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
+         cache: bool = True, version: str | None = None, name: str | None = None,
+         verify: Callable[..., object] | None = None,
+         ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Make a function a task; use bare or with options.
 
     Args:
@@ -189,6 +192,13 @@ def task(fn: Callable[P, R] | None = None, /, *, retries: int = 0, retry_delay: 
         cache: reuse a committed result with the same fingerprint.
         version: pin the code version instead of hashing the source.
         name: the task name (default: the function name).
+        verify: for a task whose work is an effect on an outside system (a
+            row in an index, a file): before a new run reuses a cached result
+            of another run, ``verify(result, *args, **kwargs)`` is called in the
+            driver with the task's arguments; the result is reused only if it
+            returns True, else (False, or an exception) the task runs again.
+            Keep it cheap; successes kept by a resume of the same run are not
+            verified again.
 
     Example:
         >>> @task(retries=2)
@@ -206,6 +216,9 @@ def task(fn: Callable[P, R] | None = None, /, *, retries: int = 0, retry_delay: 
     if not 0.0 <= jitter <= 1.0:
         raise DefinitionError(f"jitter must be between 0 and 1, given: {jitter}",
                               hint="jitter is a fraction of the delay, e.g. jitter=0.1")
+    if verify is not None and not callable(verify):
+        raise DefinitionError(f"verify must be a function, given: {verify!r}",
+                              hint="pass verify=fn with fn(result, *args, **kwargs) -> bool")
     if retry_on is None:
         kinds: tuple[type[BaseException], ...] = (Exception,)
     elif isinstance(retry_on, type):
@@ -214,7 +227,7 @@ def task(fn: Callable[P, R] | None = None, /, *, retries: int = 0, retry_delay: 
         kinds = tuple(retry_on)
     options = TaskOptions(retries=retries, retry_delay=retry_delay, backoff=backoff,
                           jitter=jitter, timeout=timeout, retry_on=kinds, cache=cache,
-                          version=version, name=name)
+                          version=version, name=name, verify=verify)
 
     def wrap(f: Callable[P, R]) -> Task[P, R]:
         if isinstance(f, Task):
