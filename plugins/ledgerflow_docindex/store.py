@@ -1,28 +1,32 @@
-"""The doc_index search index: one DuckDB file, written safely by many workers.
+"""The doc index file: its tables, and safe access to it from many threads and processes.
 
 Tables:
 
 ``chunks``
     one row per chunk, keyed by ``(doc_id, position)``: the text, its
     ``content_hash``, the document's ``doc_hash``, the embedding
-    (``FLOAT[dim]``), the embedder name and version, and the provenance of
-    the write (``run_id``, ``task_key``, ``attempt``, ``written_at``).
+    (``FLOAT[dim]``) with its ``embed_key`` (see :func:`embed_key`), the
+    embedder name and version, and the provenance of the write (``run_id``,
+    ``task_key``, ``attempt``, ``written_at``).
 ``postings``
     ``(doc_id, position, term, tf)``: the keyword index used by BM25,
     maintained in the same transaction as ``chunks``.
 ``writes``
     one row per applied document write, keyed by the task's idempotency key.
+``embeddings``
+    vectors embedded but not yet written as chunks (the chunk-level
+    embedding cache, with the vectors of ``chunks``: see :class:`EmbeddingCache`).
 ``meta``
-    ``schema_version``, ``embedder``, ``embedder_version`` and ``dim``: an
-    index holds vectors of exactly one embedder.
+    ``schema_version``, ``embedder``, ``embedder_version``, ``dim`` and
+    ``index_id``: an index holds vectors of exactly one embedder.
 
 Concurrency: DuckDB lets one process at a time open a file read-write (a
 second process cannot open it at all), and, inside a process, concurrent
 transactions that touch the same rows conflict. Every operation here runs
 one short transaction on a connection that is open only while the process
 has work for the index (threads of one process share it), queues behind
-other processes with an advisory lock on ``INDEX.lock``, and retries
-conflicting transactions with jittered exponential backoff
+other processes with a file lock on ``INDEX.lock`` (``filelock``), and
+retries conflicting transactions with jittered exponential backoff
 (``LEDGERFLOW_INDEX_LOCK_TIMEOUT`` seconds in all, default 60).
 """
 
@@ -35,32 +39,36 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import duckdb
 import pyarrow as pa
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
-from doc_index_text import index_terms
+from ledgerflow.errors import PipelineError
 
-SCHEMA_VERSION = 1
+from .terms import keyword_terms
+
+if TYPE_CHECKING:
+    import numpy as np
+    from filelock import BaseFileLock
+
+#: 2 added ``chunks.embed_key`` and the ``embeddings`` table (a version 1 index is
+#: upgraded in place when a run opens it).
+SCHEMA_VERSION = 2
 T = TypeVar("T")
 
-def keyword_terms(doc_id: str, text: str) -> list[str]:
-    """What the keyword index holds for a chunk: the terms of its document id and its text.
-
-    The document id (its path: folder and file name words, e.g. "licenses apache
-    2.0 txt") counts as part of every chunk, so a query naming the document
-    matches all of its chunks.
-    """
-    return index_terms(doc_id) + index_terms(text)
+__all__ = [
+    "SCHEMA_VERSION", "ChunkNotFoundError", "DocIndexError", "EmbeddingCache",
+    "IndexLockedError", "IndexMismatchError", "IndexNotFoundError", "Provenance",
+    "WriteResult", "bulk_writer", "connect", "delete_documents", "document_digests",
+    "embed_key", "embedding_cache", "explain", "index_info", "keyword_terms", "open_index",
+    "payload_hash", "prune_index", "read_meta", "table_digest", "transaction",
+    "vectors_schema", "write_document",
+]
 
 
 def vectors_schema(dim: int) -> pa.Schema:
@@ -74,27 +82,49 @@ def vectors_schema(dim: int) -> pa.Schema:
         ("text", pa.string()), ("content_hash", pa.string()),
         ("embedding", pa.list_(pa.float32(), dim)),
         ("embedder", pa.string()), ("embedder_version", pa.string()),
+        ("embed_key", pa.string()),
     ])
 
 
-class DocIndexError(Exception):
-    """Base of the index errors."""
+def embed_key(embedder: str, version: str, text: str) -> str:
+    """The embedding cache's key of one embedder input: SHA-256 of the embedder and the text.
+
+    ``text`` is exactly what the embedder is given, so equal keys always mean
+    equal vectors; a new model version gives new keys.
+    """
+    return hashlib.sha256(f"{embedder}\0{version}\0{text}".encode()).hexdigest()
+
+
+class DocIndexError(PipelineError):
+    """Base of the index errors (a cause and a ``hint``, like every ledgerflow error)."""
+
+    default_hint = "check the index path, or build the index with the doc_index pipeline"
 
 
 class IndexNotFoundError(DocIndexError, FileNotFoundError):
     """The index file does not exist."""
 
+    default_hint = ("build it first: pipeline run recipes/doc_index/pipeline.py "
+                    "-p source=DOCS -p index=INDEX")
+
 
 class IndexLockedError(DocIndexError, TimeoutError):
     """The index stayed locked by another process (or conflicting) for too long."""
+
+    default_hint = ("wait for the process using the index, or raise "
+                    "LEDGERFLOW_INDEX_LOCK_TIMEOUT (seconds)")
 
 
 class IndexMismatchError(DocIndexError, ValueError):
     """The index was built with another embedder (or vector size) than the one given."""
 
+    default_hint = "use the embedder the index was built with, or a new index path"
+
 
 class ChunkNotFoundError(DocIndexError, LookupError):
     """No chunk with that ``(doc_id, position)`` is in the index."""
+
+    default_hint = "pass a position the document has (see the search hits)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,11 +148,13 @@ class Provenance:
 # half-initialised database. So, per index file and per process, there is at
 # most one open DuckDB connection (a *handle*); threads that need the index at
 # the same time share it through their own cursors, and the last one out
-# closes it. Between processes, an advisory lock on a sidecar file
-# (``INDEX.lock``) queues the openers instead of letting them spin on DuckDB's
-# lock error. A handle admits new users only for ``HOLD_SECONDS`` after it
-# was opened; then it is closed as soon as its users finish, so that waiting
-# processes get their turn.
+# closes it. Between processes, a file lock (``INDEX.lock``, filelock) queues
+# the openers instead of letting them spin on DuckDB's lock error. A handle
+# admits new users only for ``HOLD_SECONDS`` after it was opened; then it is
+# closed as soon as its users finish, so that waiting processes get their turn.
+#
+# Handles are keyed by process id: a process never uses a handle it did not
+# open itself (a forked child that inherited its parent's table ignores it).
 
 #: How long a process may keep admitting new users to an open index.
 HOLD_SECONDS = 0.25
@@ -151,66 +183,44 @@ class _Handle:
     path: str
     users: int = 1
     con: duckdb.DuckDBPyConnection | None = None
-    lock_fd: int | None = None
+    lock: BaseFileLock | None = None
     opened: float = 0.0
-    expired: bool = False  # closed because the hold time ran out (others may be waiting)
 
 
-_handles: dict[str, _Handle] = {}
+_handles: dict[tuple[int, str], _Handle] = {}
 _cond = threading.Condition()
-_abandoned: list[object] = []  # a forked child must never close its parent's connections
 
 
-def _after_fork_in_child() -> None:
-    global _cond
-    for handle in _handles.values():
-        _abandoned.append(handle.con)
-        if handle.lock_fd is not None:
-            with suppress(OSError):
-                os.close(handle.lock_fd)  # drop the child's reference to the parent's lock
-    _handles.clear()
-    _cond = threading.Condition()
+def file_lock(path: str, deadline: float, what: str = "the index") -> BaseFileLock:
+    """Take the file lock ``path`` (waiting until ``deadline``, a monotonic time).
 
+    Not tied to a thread: the thread that releases it may differ from the
+    one that took it (the last user of a shared handle closes it).
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    Raises:
+        IndexLockedError: another process held it until the deadline.
+    """
+    from filelock import FileLock, Timeout
 
-
-def _file_lock(path: str, deadline: float) -> int | None:
-    """Take the advisory lock ``path`` (polling with backoff); None where unsupported."""
-    if fcntl is None:  # pragma: no cover - not POSIX: rely on DuckDB's own lock and retries
-        return None
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-    delay = 0.001
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            if time.monotonic() + delay > deadline:
-                os.close(fd)
-                raise IndexLockedError(
-                    f"could not lock {path}: another process kept the index busy for "
-                    f"{_lock_timeout():.0f}s (LEDGERFLOW_INDEX_LOCK_TIMEOUT)") from None
-            time.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 0.02)
-
-
-def _file_unlock(fd: int | None) -> None:
-    if fd is not None:
-        with suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+    lock = FileLock(path, thread_local=False)
+    try:
+        lock.acquire(timeout=max(0.0, deadline - time.monotonic()), poll_interval=0.005)
+    except Timeout:
+        raise IndexLockedError(
+            f"could not lock {path}: another process kept {what} busy for "
+            f"{_lock_timeout():.0f}s (LEDGERFLOW_INDEX_LOCK_TIMEOUT)") from None
+    return lock
 
 
 def _acquire(path: str, deadline: float) -> _Handle:
     """Join this process's open handle of ``path``, or open one."""
     pause = 0.0
+    key = (os.getpid(), path)
     with _cond:
         while True:
-            handle = _handles.get(path)
+            handle = _handles.get(key)
             if handle is None:
-                handle = _handles[path] = _Handle(path)
+                handle = _handles[key] = _Handle(path)
                 break
             if handle.con is not None and time.monotonic() - handle.opened < HOLD_SECONDS:
                 handle.users += 1
@@ -224,19 +234,21 @@ def _acquire(path: str, deadline: float) -> _Handle:
     try:
         if pause:
             time.sleep(pause * random.random())
-        handle.lock_fd = _file_lock(path + ".lock", deadline)
+        handle.lock = file_lock(path + ".lock", deadline)
         try:
             handle.con = _retry(lambda: duckdb.connect(path), deadline - time.monotonic(),
                                 f"open {path}", lock_only=True)
         except duckdb.Error as exc:
-            _file_unlock(handle.lock_fd)
-            raise IndexMismatchError(f"cannot open {path} as an index: {exc}") from exc
+            handle.lock.release()
+            raise IndexMismatchError(f"cannot open {path} as an index: {exc}",
+                                     hint="pass the path of a doc_index index, or a new "
+                                          "path") from exc
         except BaseException:
-            _file_unlock(handle.lock_fd)
+            handle.lock.release()
             raise
     except BaseException:
         with _cond:
-            del _handles[path]
+            del _handles[key]
             _cond.notify_all()
         raise
     with _cond:
@@ -255,8 +267,9 @@ def _release(handle: _Handle) -> None:
             if handle.con is not None:
                 handle.con.close()
         finally:
-            _file_unlock(handle.lock_fd)
-            del _handles[handle.path]
+            if handle.lock is not None:
+                handle.lock.release()
+            del _handles[(os.getpid(), handle.path)]
             _cond.notify_all()
 
 
@@ -276,8 +289,9 @@ def connect(index: str | os.PathLike[str], *, create: bool = True,
     path = Path(index)
     if not create and not path.exists():
         raise IndexNotFoundError(
-            f"index {str(index)!r} does not exist; build it first, e.g. "
-            f"pipeline run recipes/doc_index/pipeline.py -p source=DOCS -p index={index}")
+            f"index {str(index)!r} does not exist",
+            hint=f"build it first, e.g. pipeline run recipes/doc_index/pipeline.py "
+                 f"-p source=DOCS -p index={index}")
     if create:
         path.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + (_lock_timeout() if timeout is None else timeout)
@@ -346,7 +360,7 @@ def _create_schema(con: duckdb.DuckDBPyConnection, dim: int) -> None:
             embedding FLOAT[{int(dim)}] NOT NULL, embedder VARCHAR NOT NULL,
             embedder_version VARCHAR NOT NULL, run_id VARCHAR NOT NULL,
             task_key VARCHAR NOT NULL, attempt INTEGER NOT NULL, written_at TIMESTAMP NOT NULL,
-            PRIMARY KEY (doc_id, position))""")
+            embed_key VARCHAR, PRIMARY KEY (doc_id, position))""")
     con.execute("""
         CREATE TABLE IF NOT EXISTS postings (
             doc_id VARCHAR NOT NULL, position INTEGER NOT NULL, term VARCHAR NOT NULL,
@@ -357,6 +371,24 @@ def _create_schema(con: duckdb.DuckDBPyConnection, dim: int) -> None:
             doc_hash VARCHAR NOT NULL, payload_hash VARCHAR NOT NULL, chunks INTEGER NOT NULL,
             run_id VARCHAR NOT NULL, task_key VARCHAR NOT NULL, attempt INTEGER NOT NULL,
             written_at TIMESTAMP NOT NULL)""")
+    _create_embeddings(con, dim)
+
+
+def _create_embeddings(con: duckdb.DuckDBPyConnection, dim: int) -> None:
+    con.execute(f"""
+        CREATE TABLE IF NOT EXISTS embeddings (
+            embed_key VARCHAR PRIMARY KEY, embedding FLOAT[{int(dim)}] NOT NULL,
+            created_at TIMESTAMP NOT NULL)""")
+
+
+def _upgrade(con: duckdb.DuckDBPyConnection, meta: dict[str, str]) -> None:
+    """Bring a version 1 index to version 2 (in the caller's transaction)."""
+    if meta.get("schema_version") == "1":
+        con.execute("ALTER TABLE chunks ADD COLUMN embed_key VARCHAR")
+        _create_embeddings(con, int(meta["dim"]))
+        con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                    [str(SCHEMA_VERSION)])
+        meta["schema_version"] = str(SCHEMA_VERSION)
 
 
 def read_meta(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
@@ -377,8 +409,8 @@ def _check_or_set_meta(con: duckdb.DuckDBPyConnection, embedder: str, version: s
                              "current_database()").fetchall()[0][0]
         if others:
             raise IndexMismatchError(
-                f"{index!r} is a DuckDB file with other tables, not a doc_index index; "
-                "pass a new index path")
+                f"{index!r} is a DuckDB file with other tables, not a doc_index index",
+                hint="pass a new index path")
         _create_schema(con, dim)
         con.executemany("INSERT INTO meta VALUES (?, ?)", [
             ("schema_version", str(SCHEMA_VERSION)), ("embedder", embedder),
@@ -387,7 +419,7 @@ def _check_or_set_meta(con: duckdb.DuckDBPyConnection, embedder: str, version: s
     if int(meta.get("schema_version", "0")) > SCHEMA_VERSION:
         raise IndexMismatchError(
             f"index {index!r} has schema version {meta['schema_version']}, newer than this "
-            f"recipe ({SCHEMA_VERSION}); upgrade ledgerflow or use a new index path")
+            f"recipe ({SCHEMA_VERSION})", hint="upgrade ledgerflow or use a new index path")
     if (meta.get("embedder"), meta.get("embedder_version"), meta.get("dim")) != (
             embedder, version, str(dim)):
         raise IndexMismatchError(
@@ -395,6 +427,7 @@ def _check_or_set_meta(con: duckdb.DuckDBPyConnection, embedder: str, version: s
             f"(version {meta.get('embedder_version')}, dim {meta.get('dim')}), not "
             f"{embedder!r} (version {version}, dim {dim}); pass embedder="
             f"{meta.get('embedder')} or write to a new index path")
+    _upgrade(con, meta)
 
 
 def open_index(index: str | os.PathLike[str], embedder: str, version: str, dim: int, *,
@@ -458,8 +491,8 @@ def write_document(index: str | os.PathLike[str], table: pa.Table, *,
     """Replace one document's chunks in the index, in one short transaction.
 
     ``table`` holds all chunks of one document (schema :func:`vectors_schema`).
-    Rows are keyed by ``(doc_id, position, content_hash)``: chunks that did not
-    change keep their row (and the provenance of the write that created it),
+    Rows are keyed by ``(doc_id, position, content_hash, embed_key)``: chunks
+    whose text (and embedder input) did not change keep their row (and the provenance of the write that created it),
     changed or new positions are written, positions the document no longer has
     are deleted, and the keyword postings follow in the same transaction.
 
@@ -536,10 +569,13 @@ def _document_writer(index: str, table: pa.Table, prov: Provenance, index_id: st
                                [key]).fetchall()
             if done and done[0][0] == payload:
                 return WriteResult(doc_id, doc_hash, table.num_rows, 0, 0, True)
-        existing = dict(con.execute(
-            "SELECT position, content_hash FROM chunks WHERE doc_id = ?", [doc_id]).fetchall())
+        # a row is kept when its text and what was embedded for it are unchanged
+        existing = {p: (h, k) for p, h, k in con.execute(
+            "SELECT position, content_hash, embed_key FROM chunks WHERE doc_id = ?",
+            [doc_id]).fetchall()}
         positions = table.column("position").to_pylist()
-        hashes = table.column("content_hash").to_pylist()
+        hashes = list(zip(table.column("content_hash").to_pylist(),
+                          table.column("embed_key").to_pylist(), strict=True))
         incoming = dict(zip(positions, hashes, strict=True))
         stale = [p for p, h in existing.items() if incoming.get(p) != h]
         fresh = [i for i, (p, h) in enumerate(zip(positions, hashes, strict=True))
@@ -566,10 +602,13 @@ def _document_writer(index: str, table: pa.Table, prov: Provenance, index_id: st
             con.register("incoming", new_rows.append_column("n_terms", lengths))
             con.register("incoming_postings", postings)
             con.execute("""
-                INSERT INTO chunks
+                INSERT INTO chunks (doc_id, position, text, content_hash, doc_hash, source,
+                                    start_char, end_char, n_terms, embedding, embedder,
+                                    embedder_version, run_id, task_key, attempt, written_at,
+                                    embed_key)
                 SELECT doc_id, position, text, content_hash, doc_hash, source, start_char,
                        end_char, n_terms, embedding, embedder, embedder_version,
-                       ?, ?, ?, current_timestamp AT TIME ZONE 'UTC'
+                       ?, ?, ?, current_timestamp AT TIME ZONE 'UTC', embed_key
                 FROM incoming""", [prov.run_id, prov.task_key, prov.attempt])
             con.execute("INSERT INTO postings SELECT * FROM incoming_postings")
             con.unregister("incoming")
@@ -614,6 +653,8 @@ def _normalise_table(table: pa.Table) -> pa.Table:
     except KeyError:
         raise ValueError("the table has no 'embedding' column") from None
     schema = vectors_schema(dim)
+    if "embed_key" not in table.schema.names:  # optional: rows without one are not cached
+        table = table.append_column("embed_key", pa.nulls(table.num_rows, pa.string()))
     missing = [n for n in schema.names if n not in table.schema.names]
     if missing:
         raise ValueError(f"the table lacks the columns {missing}")
@@ -688,6 +729,10 @@ def bulk_writer(index: str | os.PathLike[str], *,
         yield BulkWriter(con, str(index))
 
 
+#: How long the embedding cache keeps vectors that no chunk of the index holds.
+PENDING_EMBEDDINGS_HOURS = 24
+
+
 def prune_index(index: str | os.PathLike[str], docs: Iterable[Mapping[str, Any]], *,
                 timeout: float | None = None) -> dict[str, Any]:
     """Delete the chunks of documents that are gone or stale; return counts.
@@ -696,7 +741,9 @@ def prune_index(index: str | os.PathLike[str], docs: Iterable[Mapping[str, Any]]
     from ``discover``). A chunk is removed when its document is not listed
     (deleted file) or when its ``doc_hash`` differs from the listed hash (the
     file changed and its new version wrote no rows at that position, e.g. it
-    became empty). Their ``writes`` records go too. A missing index file is
+    became empty). Their ``writes`` records go too, and the embedding cache
+    drops the vectors that chunks now hold (and those older than
+    :data:`PENDING_EMBEDDINGS_HOURS` that none does). A missing index file is
     left missing.
     """
     current = {d["doc_id"]: d["content_hash"] for d in docs}
@@ -727,6 +774,13 @@ def prune_index(index: str | os.PathLike[str], docs: Iterable[Mapping[str, Any]]
         con.execute("DELETE FROM writes WHERE NOT EXISTS (SELECT 1 FROM current_docs k "
                     "WHERE k.doc_id = writes.doc_id AND k.doc_hash = writes.doc_hash)")
         con.unregister("current_docs")
+        # the embedding cache keeps only vectors that no chunk holds (yet): those of
+        # a run still writing, or of a run that stopped before writing (for a day)
+        con.execute(f"""
+            DELETE FROM embeddings WHERE embed_key IN (
+                SELECT embed_key FROM chunks WHERE embed_key IS NOT NULL)
+            OR created_at < (current_timestamp AT TIME ZONE 'UTC')
+                            - INTERVAL {PENDING_EMBEDDINGS_HOURS} HOUR""")
         total = con.execute("SELECT count(*) FROM chunks").fetchall()[0][0]
         return {**result, "chunks": int(total), "deleted_documents": gone,
                 "deleted_chunks": len(stale)}
@@ -734,7 +788,163 @@ def prune_index(index: str | os.PathLike[str], docs: Iterable[Mapping[str, Any]]
     return transaction(index, apply, timeout=timeout)
 
 
+# --------------------------------------------------------------------------- embedding cache
+
+
+class EmbeddingCache:
+    """Vectors by :func:`embed_key`: those of the index's chunks and of its ``embeddings``.
+
+    Use it through :func:`embedding_cache`, which holds the index's embedding
+    lock: a look-up, the embedding of what was missing and the
+    :meth:`store` of it are one step for every process, so a chunk is
+    embedded once even when two runs index the same documents at the same time.
+    """
+
+    def __init__(self, index: str, dim: int, timeout: float | None) -> None:
+        self.index = index
+        self.dim = dim
+        self._timeout = timeout
+
+    def lookup(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
+        """The cached vectors of ``keys`` (those found), each a float32 array of ``dim``."""
+        import numpy as np
+
+        wanted = sorted(set(keys))
+        if not wanted or not Path(self.index).exists():
+            return {}
+        table = pa.table({"embed_key": pa.array(wanted, pa.string())})
+
+        def read(con: duckdb.DuckDBPyConnection) -> pa.Table:
+            if not read_meta(con):
+                return pa.table({"embed_key": pa.array([], pa.string())})
+            con.register("wanted_keys", table)
+            try:
+                return con.sql("""
+                    SELECT w.embed_key, any_value(x.embedding) AS embedding
+                    FROM wanted_keys w JOIN (
+                        SELECT embed_key, embedding FROM chunks
+                        UNION ALL SELECT embed_key, embedding FROM embeddings) x
+                      ON x.embed_key = w.embed_key
+                    GROUP BY w.embed_key""").to_arrow_table()
+            finally:
+                con.unregister("wanted_keys")
+
+        found = transaction(self.index, read, create=False, timeout=self._timeout)
+        if not found.num_rows:
+            return {}
+        emb = found.column("embedding").combine_chunks()
+        flat = emb.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+        matrix = flat.reshape(found.num_rows, -1)
+        if matrix.shape[1] != self.dim:
+            return {}   # another embedder's index: nothing here fits
+        return dict(zip(found.column("embed_key").to_pylist(), matrix, strict=True))
+
+    def store(self, keys: Sequence[str], matrix: np.ndarray) -> None:
+        """Keep the vectors ``matrix[i]`` of ``keys[i]`` (first writer wins)."""
+        import numpy as np
+
+        if not len(keys):
+            return
+        flat = pa.array(np.ascontiguousarray(matrix, dtype=np.float32).reshape(-1))
+        table = pa.table({"embed_key": pa.array(list(keys), pa.string()),
+                          "embedding": pa.FixedSizeListArray.from_arrays(flat, self.dim)})
+
+        def write(con: duckdb.DuckDBPyConnection) -> None:
+            if not read_meta(con):
+                return
+            con.register("new_embeddings", table)
+            try:
+                con.execute("""
+                    INSERT OR IGNORE INTO embeddings
+                    SELECT DISTINCT ON (embed_key) embed_key, embedding,
+                           current_timestamp AT TIME ZONE 'UTC'
+                    FROM new_embeddings""")
+            finally:
+                con.unregister("new_embeddings")
+
+        if Path(self.index).exists():
+            transaction(self.index, write, create=False, timeout=self._timeout)
+
+
+@contextmanager
+def embedding_cache(index: str | os.PathLike[str], dim: int, *,
+                    timeout: float | None = None) -> Iterator[EmbeddingCache]:
+    """Hold the index's embedding lock (``INDEX.embed.lock``) and give its cache.
+
+    Inside the block, look up what is cached, embed the rest and store it:
+    another thread or process that wants the same chunks waits, then finds
+    them. The lock is not the index's file lock: writers and readers of the
+    index go on meanwhile.
+
+    Example:
+        >>> with embedding_cache("index.duckdb", 384) as cache:  # doctest: +SKIP
+        ...     found = cache.lookup(keys)
+        ...     cache.store(missing_keys, vectors)
+    """
+    path = str(Path(index).resolve())
+    deadline = time.monotonic() + (_lock_timeout() if timeout is None else timeout)
+    lock = file_lock(path + ".embed.lock", deadline, what="the index's embedding cache")
+    try:
+        yield EmbeddingCache(path, int(dim), timeout)
+    finally:
+        lock.release()
+
+
 # --------------------------------------------------------------------------- reading
+
+
+def table_digest(table: pa.Table) -> str:
+    """A digest of what writing ``table`` leaves in ``chunks`` (see :func:`document_digests`).
+
+    Covers, per row in position order: position, chunk hash, document hash,
+    offsets, source and embedder version.
+    """
+    cols = [table.column(c).to_pylist() for c in _DIGEST_COLUMNS]
+    return _digest(sorted(zip(*cols, strict=True), key=lambda row: row[0]))
+
+
+_DIGEST_COLUMNS = ("position", "content_hash", "doc_hash", "start_char", "end_char", "source",
+                   "embedder_version")
+
+
+def _digest(rows: Iterable[tuple[Any, ...]]) -> str:
+    h = hashlib.sha256()
+    for row in rows:
+        h.update(repr(row).encode())
+    return h.hexdigest()
+
+
+def document_digests(index: str | os.PathLike[str], *,
+                     timeout: float | None = None) -> dict[str, str]:
+    """``doc_id -> digest`` of every document's rows in ``chunks``, read in one query.
+
+    A document whose write is still in the index has the digest
+    :func:`table_digest` gives for the table that wrote it; a document with
+    no rows is absent. A missing index or a file without the tables gives ``{}``.
+    """
+    if not Path(index).exists():
+        return {}
+
+    def read(con: duckdb.DuckDBPyConnection) -> pa.Table | None:
+        if not read_meta(con):
+            return None
+        return con.sql(f"""
+            SELECT doc_id, {", ".join(_DIGEST_COLUMNS)} FROM chunks
+            ORDER BY doc_id, position""").to_arrow_table()
+
+    table = transaction(index, read, create=False, timeout=timeout)
+    if table is None:
+        return {}
+    out: dict[str, str] = {}
+    ids = table.column("doc_id").to_pylist()
+    cols = [table.column(c).to_pylist() for c in _DIGEST_COLUMNS]
+    rows = list(zip(*cols, strict=True))
+    start = 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or ids[i] != ids[start]:
+            out[ids[start]] = _digest(rows[start:i])
+            start = i
+    return out
 
 
 def index_info(index: str | os.PathLike[str]) -> dict[str, Any]:
