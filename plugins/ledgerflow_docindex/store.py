@@ -13,9 +13,6 @@ Tables:
     maintained in the same transaction as ``chunks``.
 ``writes``
     one row per applied document write, keyed by the task's idempotency key.
-``embeddings``
-    vectors embedded but not yet written as chunks (the chunk-level
-    embedding cache, with the vectors of ``chunks``: see :class:`EmbeddingCache`).
 ``meta``
     ``schema_version``, ``embedder``, ``embedder_version``, ``dim`` and
     ``index_id``: an index holds vectors of exactly one embedder.
@@ -28,6 +25,12 @@ has work for the index (threads of one process share it), queues behind
 other processes with a file lock on ``INDEX.lock`` (``filelock``), and
 retries conflicting transactions with jittered exponential backoff
 (``LEDGERFLOW_INDEX_LOCK_TIMEOUT`` seconds in all, default 60).
+
+Beside the index, ``INDEX.embeddings.sqlite`` is its chunk-level embedding
+cache (:class:`EmbeddingCache`): SQLite, because every embedding step of every
+worker process reads and writes it, and SQLite opens in well under a
+millisecond and lets many processes in at once, where a DuckDB file costs
+about 20 ms to open and admits one process at a time.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import sqlite3
 import threading
 import time
 import uuid
@@ -56,8 +60,8 @@ if TYPE_CHECKING:
     import numpy as np
     from filelock import BaseFileLock
 
-#: 2 added ``chunks.embed_key`` and the ``embeddings`` table (a version 1 index is
-#: upgraded in place when a run opens it).
+#: 2 added ``chunks.embed_key`` (a version 1 index is upgraded in place when a run
+#: opens it).
 SCHEMA_VERSION = 2
 T = TypeVar("T")
 
@@ -153,8 +157,9 @@ class Provenance:
 # admits new users only for ``HOLD_SECONDS`` after it was opened; then it is
 # closed as soon as its users finish, so that waiting processes get their turn.
 #
-# Handles are keyed by process id: a process never uses a handle it did not
-# open itself (a forked child that inherited its parent's table ignores it).
+# Worker processes must start fresh (spawn or forkserver), not be forked from a
+# process that has the index open: DuckDB would hand the child a stale copy of
+# the parent's open database.
 
 #: How long a process may keep admitting new users to an open index.
 HOLD_SECONDS = 0.25
@@ -187,7 +192,7 @@ class _Handle:
     opened: float = 0.0
 
 
-_handles: dict[tuple[int, str], _Handle] = {}
+_handles: dict[str, _Handle] = {}
 _cond = threading.Condition()
 
 
@@ -215,12 +220,11 @@ def file_lock(path: str, deadline: float, what: str = "the index") -> BaseFileLo
 def _acquire(path: str, deadline: float) -> _Handle:
     """Join this process's open handle of ``path``, or open one."""
     pause = 0.0
-    key = (os.getpid(), path)
     with _cond:
         while True:
-            handle = _handles.get(key)
+            handle = _handles.get(path)
             if handle is None:
-                handle = _handles[key] = _Handle(path)
+                handle = _handles[path] = _Handle(path)
                 break
             if handle.con is not None and time.monotonic() - handle.opened < HOLD_SECONDS:
                 handle.users += 1
@@ -248,7 +252,7 @@ def _acquire(path: str, deadline: float) -> _Handle:
             raise
     except BaseException:
         with _cond:
-            del _handles[key]
+            del _handles[path]
             _cond.notify_all()
         raise
     with _cond:
@@ -269,7 +273,7 @@ def _release(handle: _Handle) -> None:
         finally:
             if handle.lock is not None:
                 handle.lock.release()
-            del _handles[(os.getpid(), handle.path)]
+            del _handles[handle.path]
             _cond.notify_all()
 
 
@@ -371,21 +375,12 @@ def _create_schema(con: duckdb.DuckDBPyConnection, dim: int) -> None:
             doc_hash VARCHAR NOT NULL, payload_hash VARCHAR NOT NULL, chunks INTEGER NOT NULL,
             run_id VARCHAR NOT NULL, task_key VARCHAR NOT NULL, attempt INTEGER NOT NULL,
             written_at TIMESTAMP NOT NULL)""")
-    _create_embeddings(con, dim)
-
-
-def _create_embeddings(con: duckdb.DuckDBPyConnection, dim: int) -> None:
-    con.execute(f"""
-        CREATE TABLE IF NOT EXISTS embeddings (
-            embed_key VARCHAR PRIMARY KEY, embedding FLOAT[{int(dim)}] NOT NULL,
-            created_at TIMESTAMP NOT NULL)""")
 
 
 def _upgrade(con: duckdb.DuckDBPyConnection, meta: dict[str, str]) -> None:
     """Bring a version 1 index to version 2 (in the caller's transaction)."""
     if meta.get("schema_version") == "1":
         con.execute("ALTER TABLE chunks ADD COLUMN embed_key VARCHAR")
-        _create_embeddings(con, int(meta["dim"]))
         con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
                     [str(SCHEMA_VERSION)])
         meta["schema_version"] = str(SCHEMA_VERSION)
@@ -729,7 +724,8 @@ def bulk_writer(index: str | os.PathLike[str], *,
         yield BulkWriter(con, str(index))
 
 
-#: How long the embedding cache keeps vectors that no chunk of the index holds.
+#: How long the embedding cache keeps vectors that no chunk of the index holds (a
+#: revert within that time embeds nothing; a run still embedding keeps its work).
 PENDING_EMBEDDINGS_HOURS = 24
 
 
@@ -742,9 +738,8 @@ def prune_index(index: str | os.PathLike[str], docs: Iterable[Mapping[str, Any]]
     (deleted file) or when its ``doc_hash`` differs from the listed hash (the
     file changed and its new version wrote no rows at that position, e.g. it
     became empty). Their ``writes`` records go too, and the embedding cache
-    drops the vectors that chunks now hold (and those older than
-    :data:`PENDING_EMBEDDINGS_HOURS` that none does). A missing index file is
-    left missing.
+    forgets the vectors older than :data:`PENDING_EMBEDDINGS_HOURS` that no
+    chunk holds. A missing index file is left missing.
     """
     current = {d["doc_id"]: d["content_hash"] for d in docs}
     result = {"index": str(index), "documents": len(current), "chunks": 0,
@@ -753,8 +748,13 @@ def prune_index(index: str | os.PathLike[str], docs: Iterable[Mapping[str, Any]]
         return result
     keep = pa.table({"doc_id": pa.array(list(current), pa.string()),
                      "doc_hash": pa.array(list(current.values()), pa.string())})
+    cache = EmbeddingCache(str(index))
+    cutoff = time.time() - PENDING_EMBEDDINGS_HOURS * 3600
+    collect_keys = cache.count_older(cutoff) > 0   # usually none: skip reading every key
+    referenced: list[str] = []
 
     def apply(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+        referenced.clear()
         if not read_meta(con):
             return result
         con.register("current_docs", keep)
@@ -774,100 +774,129 @@ def prune_index(index: str | os.PathLike[str], docs: Iterable[Mapping[str, Any]]
         con.execute("DELETE FROM writes WHERE NOT EXISTS (SELECT 1 FROM current_docs k "
                     "WHERE k.doc_id = writes.doc_id AND k.doc_hash = writes.doc_hash)")
         con.unregister("current_docs")
-        # the embedding cache keeps only vectors that no chunk holds (yet): those of
-        # a run still writing, or of a run that stopped before writing (for a day)
-        con.execute(f"""
-            DELETE FROM embeddings WHERE embed_key IN (
-                SELECT embed_key FROM chunks WHERE embed_key IS NOT NULL)
-            OR created_at < (current_timestamp AT TIME ZONE 'UTC')
-                            - INTERVAL {PENDING_EMBEDDINGS_HOURS} HOUR""")
+        if collect_keys:
+            referenced.extend(k for (k,) in con.execute(
+                "SELECT DISTINCT embed_key FROM chunks WHERE embed_key IS NOT NULL").fetchall())
         total = con.execute("SELECT count(*) FROM chunks").fetchall()[0][0]
         return {**result, "chunks": int(total), "deleted_documents": gone,
                 "deleted_chunks": len(stale)}
 
-    return transaction(index, apply, timeout=timeout)
+    pruned = transaction(index, apply, timeout=timeout)
+    if collect_keys:
+        cache.forget_unused(referenced, cutoff)
+    return pruned
 
 
 # --------------------------------------------------------------------------- embedding cache
 
 
 class EmbeddingCache:
-    """Vectors by :func:`embed_key`: those of the index's chunks and of its ``embeddings``.
+    """The index's chunk-level embedding cache: vectors by :func:`embed_key`.
 
-    Use it through :func:`embedding_cache`, which holds the index's embedding
-    lock: a look-up, the embedding of what was missing and the
-    :meth:`store` of it are one step for every process, so a chunk is
-    embedded once even when two runs index the same documents at the same time.
+    A SQLite file beside the index (``INDEX.embeddings.sqlite``; WAL mode, so
+    readers and one writer of any process go on together). Every vector the
+    pipeline embeds is kept; :func:`prune_index` forgets those that no chunk
+    holds after :data:`PENDING_EMBEDDINGS_HOURS`. Losing the file loses
+    nothing but time: vectors are embedded again.
+
+    For the look-up / embed / store step of :func:`embedding_cache`, which
+    makes it one step for all processes, use that function.
     """
 
-    def __init__(self, index: str, dim: int, timeout: float | None) -> None:
-        self.index = index
-        self.dim = dim
-        self._timeout = timeout
+    def __init__(self, index: str, timeout: float | None = None) -> None:
+        self.path = f"{Path(index).resolve()}.embeddings.sqlite"
+        self._timeout = _lock_timeout() if timeout is None else timeout
 
-    def lookup(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
-        """The cached vectors of ``keys`` (those found), each a float32 array of ``dim``."""
+    def _connect(self, create: bool) -> sqlite3.Connection | None:
+        if not create and not os.path.exists(self.path):
+            return None
+        con = sqlite3.connect(self.path, timeout=self._timeout, isolation_level=None)
+        con.execute("PRAGMA journal_mode=WAL")
+        con.execute("PRAGMA synchronous=NORMAL")   # a lost entry is only embedded again
+        if create:
+            con.execute("""CREATE TABLE IF NOT EXISTS embeddings (
+                embed_key TEXT PRIMARY KEY, dim INTEGER NOT NULL, vector BLOB NOT NULL,
+                created_at REAL NOT NULL) WITHOUT ROWID""")
+        return con
+
+    def lookup(self, keys: Sequence[str], dim: int) -> dict[str, np.ndarray]:
+        """The cached ``dim``-vectors of ``keys`` (those found), each a float32 array."""
         import numpy as np
 
         wanted = sorted(set(keys))
-        if not wanted or not Path(self.index).exists():
+        con = self._connect(create=False) if wanted else None
+        if con is None:
             return {}
-        table = pa.table({"embed_key": pa.array(wanted, pa.string())})
-
-        def read(con: duckdb.DuckDBPyConnection) -> pa.Table:
-            if not read_meta(con):
-                return pa.table({"embed_key": pa.array([], pa.string())})
-            con.register("wanted_keys", table)
-            try:
-                return con.sql("""
-                    SELECT w.embed_key, any_value(x.embedding) AS embedding
-                    FROM wanted_keys w JOIN (
-                        SELECT embed_key, embedding FROM chunks
-                        UNION ALL SELECT embed_key, embedding FROM embeddings) x
-                      ON x.embed_key = w.embed_key
-                    GROUP BY w.embed_key""").to_arrow_table()
-            finally:
-                con.unregister("wanted_keys")
-
-        found = transaction(self.index, read, create=False, timeout=self._timeout)
-        if not found.num_rows:
-            return {}
-        emb = found.column("embedding").combine_chunks()
-        flat = emb.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-        matrix = flat.reshape(found.num_rows, -1)
-        if matrix.shape[1] != self.dim:
-            return {}   # another embedder's index: nothing here fits
-        return dict(zip(found.column("embed_key").to_pylist(), matrix, strict=True))
+        out: dict[str, np.ndarray] = {}
+        try:
+            for start in range(0, len(wanted), 500):   # SQLite's bound on parameters
+                part = wanted[start:start + 500]
+                rows = con.execute(
+                    "SELECT embed_key, vector FROM embeddings WHERE dim = ? AND embed_key IN "
+                    f"({','.join('?' * len(part))})", [dim, *part]).fetchall()
+                for key, blob in rows:
+                    out[key] = np.frombuffer(blob, dtype=np.float32)
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return {}
+            raise
+        finally:
+            con.close()
+        return out
 
     def store(self, keys: Sequence[str], matrix: np.ndarray) -> None:
-        """Keep the vectors ``matrix[i]`` of ``keys[i]`` (first writer wins)."""
+        """Keep the vectors ``matrix[i]`` of ``keys[i]`` (a key already there is kept)."""
         import numpy as np
 
         if not len(keys):
             return
-        flat = pa.array(np.ascontiguousarray(matrix, dtype=np.float32).reshape(-1))
-        table = pa.table({"embed_key": pa.array(list(keys), pa.string()),
-                          "embedding": pa.FixedSizeListArray.from_arrays(flat, self.dim)})
+        vectors = np.ascontiguousarray(matrix, dtype=np.float32)
+        now = time.time()
+        con = self._connect(create=True)
+        assert con is not None
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            con.executemany("INSERT OR IGNORE INTO embeddings VALUES (?, ?, ?, ?)",
+                            [(k, vectors.shape[1], vectors[i].tobytes(), now)
+                             for i, k in enumerate(keys)])
+            con.execute("COMMIT")
+        finally:
+            con.close()
 
-        def write(con: duckdb.DuckDBPyConnection) -> None:
-            if not read_meta(con):
-                return
-            con.register("new_embeddings", table)
-            try:
-                con.execute("""
-                    INSERT OR IGNORE INTO embeddings
-                    SELECT DISTINCT ON (embed_key) embed_key, embedding,
-                           current_timestamp AT TIME ZONE 'UTC'
-                    FROM new_embeddings""")
-            finally:
-                con.unregister("new_embeddings")
+    def count_older(self, cutoff: float) -> int:
+        """How many entries were stored before ``cutoff`` (a ``time.time()``)."""
+        con = self._connect(create=False)
+        if con is None:
+            return 0
+        try:
+            return int(con.execute("SELECT count(*) FROM embeddings WHERE created_at < ?",
+                                   [cutoff]).fetchall()[0][0])
+        except sqlite3.OperationalError:
+            return 0
+        finally:
+            con.close()
 
-        if Path(self.index).exists():
-            transaction(self.index, write, create=False, timeout=self._timeout)
+    def forget_unused(self, referenced: Iterable[str], cutoff: float) -> int:
+        """Delete entries stored before ``cutoff`` whose key is not in ``referenced``."""
+        con = self._connect(create=False)
+        if con is None:
+            return 0
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            con.execute("CREATE TEMP TABLE IF NOT EXISTS keep (embed_key TEXT PRIMARY KEY)")
+            con.execute("DELETE FROM keep")
+            con.executemany("INSERT OR IGNORE INTO keep VALUES (?)", [(k,) for k in referenced])
+            n = con.execute("""DELETE FROM embeddings WHERE created_at < ? AND NOT EXISTS (
+                SELECT 1 FROM keep WHERE keep.embed_key = embeddings.embed_key)""",
+                            [cutoff]).rowcount
+            con.execute("COMMIT")
+            return int(n)
+        finally:
+            con.close()
 
 
 @contextmanager
-def embedding_cache(index: str | os.PathLike[str], dim: int, *,
+def embedding_cache(index: str | os.PathLike[str], *,
                     timeout: float | None = None) -> Iterator[EmbeddingCache]:
     """Hold the index's embedding lock (``INDEX.embed.lock``) and give its cache.
 
@@ -877,15 +906,15 @@ def embedding_cache(index: str | os.PathLike[str], dim: int, *,
     index go on meanwhile.
 
     Example:
-        >>> with embedding_cache("index.duckdb", 384) as cache:  # doctest: +SKIP
-        ...     found = cache.lookup(keys)
+        >>> with embedding_cache("index.duckdb") as cache:  # doctest: +SKIP
+        ...     found = cache.lookup(keys, 384)
         ...     cache.store(missing_keys, vectors)
     """
     path = str(Path(index).resolve())
     deadline = time.monotonic() + (_lock_timeout() if timeout is None else timeout)
     lock = file_lock(path + ".embed.lock", deadline, what="the index's embedding cache")
     try:
-        yield EmbeddingCache(path, int(dim), timeout)
+        yield EmbeddingCache(path, timeout)
     finally:
         lock.release()
 

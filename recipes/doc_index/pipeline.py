@@ -197,22 +197,28 @@ def _embed_cached(emb: Embedder, inputs: list[str], keys: list[str], index: str 
     first_input: dict[str, str] = {}
     for key, item in zip(keys, inputs, strict=True):
         first_input.setdefault(key, item)      # the same text twice is embedded once
-    use_cache = index is not None and Path(index).exists()
-    guard = store.embedding_cache(index, emb.dim) if use_cache and index else nullcontext()
-    with guard as cache:
-        found = cache.lookup(list(first_input)) if cache is not None else {}
-        missing = [k for k in first_input if k not in found]
-        for start in range(0, len(missing), step):
-            ctx.raise_if_cancelled()  # a cancel request ends the attempt between batches
-            part = missing[start:start + step]
-            vectors = encode(emb, [first_input[k] for k in part], batch_size=step)
+    cache = store.EmbeddingCache(index) if index is not None and Path(index).exists() else None
+    found = cache.lookup(list(first_input), emb.dim) if cache is not None else {}
+    missing = [k for k in first_input if k not in found]
+    if missing:
+        # look again under the index's embedding lock: a concurrent run may be
+        # embedding the same chunks right now; what it stored is not embedded twice
+        guard = store.embedding_cache(index) if cache is not None and index else nullcontext()
+        with guard:
             if cache is not None:
-                cache.store(part, vectors)   # kept even if a later batch fails
-            found.update(zip(part, vectors, strict=True))
+                found.update(cache.lookup(missing, emb.dim))
+                missing = [k for k in missing if k not in found]
+            for start in range(0, len(missing), step):
+                ctx.raise_if_cancelled()  # a cancel request ends the attempt between batches
+                part = missing[start:start + step]
+                vectors = encode(emb, [first_input[k] for k in part], batch_size=step)
+                if cache is not None:
+                    cache.store(part, vectors)   # kept even if a later batch fails
+                found.update(zip(part, vectors, strict=True))
     reused = len(keys) - len(missing)
     log.info("%s: embedded %d of %d chunks (%d from the cache)", doc_id, len(missing),
              len(keys), reused)
-    if use_cache and index:
+    if cache is not None and index is not None:
         ctx.record_input(f"{Path(index).resolve().as_uri()}#embeddings", doc_id=doc_id,
                          reused=str(reused), embedded=str(len(missing)))
     if not keys:

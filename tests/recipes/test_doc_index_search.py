@@ -285,10 +285,9 @@ def test_pipeline_search_answers_several_queries(corpus_index: Path, tmp_path: P
 
 def test_pipeline_search_loads_the_model_once_for_many_queries(
         tmp_path: Path, small_corpus: Path, slow_hashing, monkeypatch) -> None:
+    import doc_index_testutil
     from click.testing import CliRunner
     from doc_index_testutil import build_locally
-
-    import doc_index_testutil
 
     import ledgerflow_embed
     from ledgerflow.cli import main
