@@ -9,7 +9,13 @@ Measures documents/s and chunks/s for
   the whole loop (``doc_index_store.bulk_writer``: what a one-off script would do);
 * ``pipeline``: ``ledgerflow.run(doc_index, ...)`` — the same functions as tasks,
   with a durable ledger, threads executor, cache lookups and lineage;
-* ``rerun``: the pipeline again on the unchanged corpus (everything cached),
+* ``rerun``: the pipeline again on the unchanged corpus (everything cached);
+* ``encode``: the embedder alone (``embed`` of the model) on exactly the texts the
+  pipeline embeds, in the same batches (per document, ``batch_size`` texts): the
+  pipeline's ``vs_encode`` is its throughput as a fraction of this one;
+* ``edit``: a one-word edit of the largest document (the bundled GPL, cut into 75
+  chunks with ``chunk_size=600, overlap=50``), run again: chunks embedded and seconds
+  (the chunk-level embedding cache embeds only the chunks whose text changed),
 
 on the bundled corpus and on a generated corpus (default 2,000 documents), with the
 ``hashing`` and ``minilm`` embedders. The model is loaded before timing starts (its
@@ -18,6 +24,7 @@ load time is reported separately). Prints a table and writes JSON.
     python tests/perf/bench_doc_index.py                        # everything (minutes)
     python tests/perf/bench_doc_index.py --embedders hashing --docs 500
     python tests/perf/bench_doc_index.py --out perf-results-doc_index.json
+    python tests/perf/bench_doc_index.py --throughput 3 --embedders minilm   # pipeline vs encode
 
 Not part of the default test run (the file name does not match ``test_*.py``);
 ``pytest tests/perf/bench_doc_index.py`` runs a small smoke version.
@@ -109,9 +116,8 @@ def plain_loop(source: Path, index: Path, embedder: str) -> dict[str, Any]:
 
 def bulk_loop(source: Path, index: Path, embedder: str) -> dict[str, Any]:
     """The plain loop, but writing through one connection held open for the whole loop."""
-    import doc_index_store as store
-
     from ledgerflow.run import load_module
+    from ledgerflow_docindex import store
     from ledgerflow_embed import get_embedder
 
     recipe = load_module(PIPELINE_FILE)
@@ -132,24 +138,115 @@ def pipeline_run(source: Path, index: Path, store: Path, embedder: str,
     """``ledgerflow.run`` of the recipe; returns time, counts and how many tasks ran."""
     import ledgerflow
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     run = ledgerflow.run(str(PIPELINE_FILE), source=str(source), index=str(index),
                          store=str(store), embedder=embedder, workers=workers)
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     if run.state != "succeeded":
         raise RuntimeError(f"run {run.run_id} ended {run.state}")
     tasks = run.tasks()
     result = run.result()
-    return {"seconds": seconds, "documents": result["documents"],
+    return {"seconds": seconds, "cpu_seconds": cpu, "documents": result["documents"],
             "chunks": _count_chunks(index), "tasks": len(tasks),
             "executed": sum(1 for t in tasks if not t["cached"]), "run_id": run.run_id}
 
 
+def encode_only(source: Path, embedder: str, batch_size: int = 64) -> dict[str, Any]:
+    """The embedder alone on the pipeline's texts, in the pipeline's batches (per document)."""
+    import doc_index_text as text
+
+    from ledgerflow.run import load_module
+    from ledgerflow_embed import get_embedder
+
+    recipe = load_module(PIPELINE_FILE)
+    emb = get_embedder(embedder)
+    docs = recipe.discover(str(source))
+    batches = []
+    for doc in docs:
+        chunks = recipe.chunk(recipe.clean(recipe.read(doc)))["chunks"]
+        title = text.document_title(doc["doc_id"])
+        inputs = [f"{title}: {c['text']}" for c in chunks]
+        batches += [inputs[i:i + batch_size] for i in range(0, len(inputs), batch_size)]
+    start, cpu = time.perf_counter(), time.process_time()
+    for batch in batches:
+        emb.embed(batch)
+    return {"seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu,
+            "documents": len(docs), "chunks": sum(len(b) for b in batches)}
+
+
+def one_word_edit(embedder: str, workers: int | None, work: Path) -> dict[str, Any]:
+    """Edit one word of a 75-chunk document and run again: chunks embedded, seconds."""
+    import ledgerflow
+    from ledgerflow_embed import get_embedder
+
+    src = work / f"edit-{embedder}" / "corpus"
+    shutil.copytree(CORPUS, src)
+    params = {"source": str(src), "index": str(src.parent / "index.duckdb"),
+              "store": str(src.parent / "ledger.duckdb"), "embedder": embedder,
+              "workers": workers, "chunk_size": 600, "overlap": 50}
+    assert ledgerflow.run(str(PIPELINE_FILE), **params).state == "succeeded"
+    doc = src / "licenses" / "gpl-3.0.txt"
+    body = doc.read_text()
+    at = body.index("modify", len(body) // 2)
+    doc.write_text(body[:at] + "alter" + body[at + len("modify"):])
+    emb = get_embedder(embedder)
+    counted: list[int] = []
+    inner = emb.embed
+
+    def counting(texts: list[str]) -> Any:
+        counted.append(len(texts))
+        return inner(texts)
+
+    emb.embed = counting  # type: ignore[method-assign]
+    try:
+        start = time.perf_counter()
+        run = ledgerflow.run(str(PIPELINE_FILE), **params)
+        seconds = time.perf_counter() - start
+    finally:
+        emb.embed = inner  # type: ignore[method-assign]
+    (write,) = [e for e in run.lineage("update_index[licenses/gpl-3.0.txt]")
+                if e["direction"] == "output" and e["uri"].startswith("file:")]
+    return {"corpus": "gpl-edit", "embedder": embedder, "variant": "edit", "seconds": seconds,
+            "documents": 1, "chunks": int(write["attrs"]["chunks"]),
+            "embedded": sum(counted), "rows_inserted": int(write["attrs"]["inserted"])}
+
+
+def throughput(embedder: str, workers: int | None, work: Path, repeats: int
+               ) -> dict[str, Any]:
+    """Bundled corpus: the embedder alone vs a full pipeline build, interleaved ``repeats`` times.
+
+    On a shared machine the load changes from minute to minute; interleaving
+    and comparing the best times of each keeps the ratio honest. The CPU time
+    of the process (all its threads, torch's included) is reported too: it
+    moves much less with the load of other processes.
+    """
+    encodes, pipes, enc_cpu, pipe_cpu = [], [], [], []
+    for i in range(repeats):
+        alone = encode_only(CORPUS, embedder)
+        tag = f"tp-{embedder}-{i}"
+        run = pipeline_run(CORPUS, work / f"{tag}.duckdb", work / f"{tag}-ledger.duckdb",
+                           embedder, workers)
+        encodes.append(alone["seconds"])
+        pipes.append(run["seconds"])
+        enc_cpu.append(alone["cpu_seconds"])
+        pipe_cpu.append(run["cpu_seconds"])
+        print(f"  {embedder} repeat {i + 1}: encode {encodes[-1]:.2f}s ({enc_cpu[-1]:.2f}s cpu)"
+              f"  pipeline {pipes[-1]:.2f}s ({pipe_cpu[-1]:.2f}s cpu)  ratio "
+              f"{encodes[-1] / pipes[-1]:.2f} (cpu {enc_cpu[-1] / pipe_cpu[-1]:.2f})")
+    mid = repeats // 2
+    return {"embedder": embedder, "chunks": run["chunks"], "encode_seconds": encodes,
+            "pipeline_seconds": pipes, "encode_cpu_seconds": enc_cpu,
+            "pipeline_cpu_seconds": pipe_cpu, "best_ratio": min(encodes) / min(pipes),
+            "median_ratio": sorted(encodes)[mid] / sorted(pipes)[mid],
+            "cpu_ratio": sorted(enc_cpu)[mid] / sorted(pipe_cpu)[mid]}
+
+
 def bench(corpus_name: str, source: Path, embedder: str, workers: int | None,
           work: Path) -> list[dict[str, Any]]:
-    """Loop, pipeline and cached rerun on one corpus with one embedder."""
+    """Loop, pipeline, cached rerun and the embedder alone on one corpus with one embedder."""
     out = []
     tag = f"{corpus_name}-{embedder}"
+    alone = encode_only(source, embedder)
     loop = plain_loop(source, work / f"{tag}-loop.duckdb", embedder)
     out.append({"corpus": corpus_name, "embedder": embedder, "variant": "loop", **loop})
     bulk = bulk_loop(source, work / f"{tag}-bulk.duckdb", embedder)
@@ -159,24 +256,33 @@ def bench(corpus_name: str, source: Path, embedder: str, workers: int | None,
     out.append({"corpus": corpus_name, "embedder": embedder, "variant": "pipeline", **first})
     again = pipeline_run(source, work / f"{tag}-pipeline.duckdb", store, embedder, workers)
     out.append({"corpus": corpus_name, "embedder": embedder, "variant": "rerun", **again})
+    out.append({"corpus": corpus_name, "embedder": embedder, "variant": "encode", **alone})
     for row in out:
         row["docs_per_s"] = row["documents"] / row["seconds"]
         row["chunks_per_s"] = row["chunks"] / row["seconds"]
         row["vs_loop"] = row["seconds"] / loop["seconds"]
+        row["vs_encode"] = alone["seconds"] / row["seconds"]
     return out
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     """A plain-text table of the results."""
     head = (f"{'corpus':<10} {'embedder':<8} {'variant':<10} {'docs':>6} {'chunks':>7} "
-            f"{'seconds':>8} {'docs/s':>9} {'chunks/s':>9} {'x loop':>7} {'ran':>6}")
+            f"{'seconds':>8} {'docs/s':>9} {'chunks/s':>9} {'x loop':>7} {'vs enc':>7} "
+            f"{'ran':>8}")
     print(head)
     print("-" * len(head))
     for r in rows:
+        if r["variant"] == "edit":
+            print(f"{r['corpus']:<10} {r['embedder']:<8} {r['variant']:<10} {1:>6} "
+                  f"{r['chunks']:>7} {r['seconds']:>8.2f}  embedded {r['embedded']} of "
+                  f"{r['chunks']} chunks, {r['rows_inserted']} row(s) rewritten")
+            continue
         ran = f"{r['executed']}/{r['tasks']}" if "tasks" in r else ""
         print(f"{r['corpus']:<10} {r['embedder']:<8} {r['variant']:<10} {r['documents']:>6} "
               f"{r['chunks']:>7} {r['seconds']:>8.2f} {r['docs_per_s']:>9.1f} "
-              f"{r['chunks_per_s']:>9.1f} {r['vs_loop']:>7.2f} {ran:>6}")
+              f"{r['chunks_per_s']:>9.1f} {r['vs_loop']:>7.2f} {r['vs_encode']:>7.2f} "
+              f"{ran:>8}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,6 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=None, help="pipeline workers")
     parser.add_argument("--out", default="perf-results-doc_index.json", help="JSON output")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    parser.add_argument("--no-edit", action="store_true", help="skip the one-word edit")
+    parser.add_argument("--throughput", type=int, default=0, metavar="N",
+                        help="only compare the pipeline with the embedder alone, N times "
+                             "interleaved, on the bundled corpus")
     args = parser.parse_args(argv)
 
     from ledgerflow_embed import encode, get_embedder
@@ -209,16 +319,27 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             encode(get_embedder(name), ["warm up"])  # load the model before timing
             loads[name] = time.perf_counter() - start
+            if args.throughput:
+                tp = throughput(name, args.workers, work, args.throughput)
+                print(f"{name}: pipeline throughput / encode alone: best {tp['best_ratio']:.2f}"
+                      f", median {tp['median_ratio']:.2f}, cpu time {tp['cpu_ratio']:.2f}")
+                results.append({"variant": "throughput", **tp})
+                continue
             for corpus_name, source in corpora.items():
                 rows = bench(corpus_name, source, name, args.workers, work)
                 results += rows
                 print_table(rows)
                 print()
+            if not args.no_edit:
+                edit = one_word_edit(name, args.workers, work)
+                results.append(edit)
+                print_table([edit])
+                print()
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     print("all results:")
-    print_table(results)
+    print_table([r for r in results if r["variant"] != "throughput"])
     print("model load seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in loads.items()))
     report = {"machine": {"python": platform.python_version(), "platform": platform.platform(),
                           "cpus": os.cpu_count()},
@@ -239,6 +360,9 @@ def test_bench_doc_index_smoke(tmp_path: Path) -> None:
     assert variants["loop"]["chunks"] == variants["pipeline"]["chunks"]
     assert variants["loop-bulk"]["chunks"] == variants["loop"]["chunks"]
     assert variants["rerun"]["executed"] == 3  # open_index, discover, prune
+    assert variants["encode"]["chunks"] == variants["pipeline"]["chunks"]
+    (edit,) = [r for r in report["results"] if r["variant"] == "edit"]
+    assert edit["chunks"] == 75 and 1 <= edit["embedded"] <= 2
 
 
 if __name__ == "__main__":
