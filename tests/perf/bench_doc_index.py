@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         corpora = {}
         if "bundled" in args.corpora:
             corpora["bundled"] = CORPUS
-        if "generated" in args.corpora:
+        if "generated" in args.corpora and not args.throughput:
             start = time.perf_counter()
             corpora[f"gen{args.docs}"] = generate_corpus(work / "generated", args.docs)
             print(f"generated {args.docs} documents in {time.perf_counter() - start:.1f}s")
