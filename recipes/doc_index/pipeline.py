@@ -37,6 +37,8 @@ from __future__ import annotations
 import hashlib
 import inspect
 import logging
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -49,6 +51,7 @@ import numpy as np
 import pyarrow as pa
 
 from ledgerflow import InputError, NonRetryableError, context, pipeline, task
+from ledgerflow.program import Limits, ProgramError, program
 from ledgerflow_docindex import store
 from ledgerflow_docindex import terms as index_terms
 from ledgerflow_embed import Embedder, encode, get_embedder
@@ -108,9 +111,35 @@ def discover(source: str, exclude: list[str] | None = None) -> list[dict[str, st
         raise NonRetryableError(f"{exc}; pass -p source=FOLDER") from exc
 
 
+#: ``-p pdf_reader=pdftotext``: poppler's ``pdftotext`` as a program step (Debian
+#: package ``poppler-utils``), in its own process tree with a timeout and rlimits,
+#: instead of pypdf in the task's process.
+pdftotext = program("pdftotext", ["pdftotext", "-enc", "UTF-8", "-q", "{src}", "{dst}"],
+                    timeout=120, grace=2, limits=Limits(cpu_s=120, memory_mb=2048))
+
+#: The PDF readers ``-p pdf_reader=...`` accepts.
+PDF_READERS = ("pypdf", "pdftotext")
+
+
+def _pdftotext_text(path: Path) -> str:
+    """The text of a PDF by ``pdftotext``; a PDF it cannot read is not retried."""
+    with tempfile.TemporaryDirectory(prefix="ledgerflow-pdftotext-") as tmp:
+        out = Path(tmp) / "text.txt"
+        try:
+            pdftotext(src=str(path), dst=str(out))
+        except ProgramError as exc:
+            if exc.exit_code is None:       # killed (a limit): not the document's fault
+                raise
+            raise NonRetryableError(f"{path.name}: {exc}") from exc
+        return out.read_text(encoding="utf-8", errors="replace")
+
+
 @recipe_task(uses=(text,), retries=2, retry_delay=0.2)
-def read(doc: dict[str, str]) -> dict[str, str]:
-    """Read one document's text (PDF text extracted; HTML/Markdown markup kept for clean)."""
+def read(doc: dict[str, str], pdf_reader: str = "pypdf") -> dict[str, str]:
+    """Read one document's text (PDF text extracted; HTML/Markdown markup kept for clean).
+
+    ``pdf_reader="pdftotext"`` extracts PDFs with the :data:`pdftotext` program.
+    """
     path = Path(doc["path"])
     try:
         data = path.read_bytes()
@@ -122,7 +151,10 @@ def read(doc: dict[str, str]) -> dict[str, str]:
         raise NonRetryableError(
             f"{doc['doc_id']} changed after discover listed it; run the pipeline again")
     try:
-        raw = text.extract_text(data, doc["format"])
+        if doc["format"] == "pdf" and pdf_reader == "pdftotext":
+            raw = _pdftotext_text(path)
+        else:
+            raw = text.extract_text(data, doc["format"])
     except text.DocumentError as exc:
         raise NonRetryableError(f"{doc['doc_id']}: {exc}") from exc
     context().record_input(path.resolve().as_uri(), content_hash=digest,
@@ -296,8 +328,27 @@ def update_index(vectors: pa.Table, index: str = "index.duckdb",
 
 
 @recipe_task(uses=(store,), cache=False, retries=2, retry_delay=1.0)
-def prune(index: str, docs: list[dict[str, str]]) -> dict[str, Any]:
-    """Remove the chunks of documents that were deleted (or changed and wrote fewer chunks)."""
+def prune(index: str, docs: list[dict[str, str]], confirm: bool = False) -> dict[str, Any]:
+    """Remove the chunks of documents that were deleted (or changed and wrote fewer chunks).
+
+    With ``confirm``, deleting documents from the index needs a person's
+    approval first (``pipeline approvals`` / ``pipeline approve``): the request
+    names the documents, and is bound to exactly that list. Refused, nothing
+    is deleted and the task fails. Nothing to delete asks nothing.
+    """
+    if confirm:
+        listed = {d["doc_id"] for d in docs}
+        gone = sorted(set(store.document_digests(index)) - listed) \
+            if Path(index).exists() else []
+        if gone:
+            decision = context().approval(
+                "delete documents from the index",
+                {"index": str(Path(index).resolve()), "documents": gone})
+            if not decision.approved:
+                raise NonRetryableError(
+                    f"deleting {len(gone)} document(s) from the index was {decision.decision} "
+                    f"by {decision.by or 'someone'}: {decision.reason or 'no reason'}; "
+                    "the index keeps them")
     result = store.prune_index(index, docs)
     if result["deleted_chunks"]:
         context().record_output(Path(index).resolve().as_uri() + "#chunks",
@@ -321,7 +372,8 @@ def _flag(value: object) -> bool:
 @pipeline
 def doc_index(source: str = CORPUS, index: str = "index.duckdb", embedder: str = "hashing",
               chunk_size: int = 800, overlap: int = 100, batch_size: int = 64,
-              exclude: list[str] | None = None, titles: bool = True) -> dict[str, Any]:
+              exclude: list[str] | None = None, titles: bool = True,
+              pdf_reader: str = "pypdf", confirm_prune: bool = False) -> dict[str, Any]:
     """Index the documents under ``source`` into the DuckDB file ``index``.
 
     Args:
@@ -334,6 +386,9 @@ def doc_index(source: str = CORPUS, index: str = "index.duckdb", embedder: str =
         exclude: glob patterns of files to skip (matched on relative path and name).
         titles: embed each chunk as "<document title>: <text>" (default); false:
             the text alone, so equal chunks of different documents share one vector.
+        pdf_reader: ``pypdf`` (default) or ``pdftotext`` (a program step; needs
+            poppler-utils).
+        confirm_prune: ask a person before deleting documents from the index.
     """
     try:
         text.check_chunk_params(int(chunk_size), int(overlap))
@@ -341,10 +396,17 @@ def doc_index(source: str = CORPUS, index: str = "index.duckdb", embedder: str =
         raise InputError(str(exc), hint="e.g. -p chunk_size=800 -p overlap=100") from None
     if isinstance(exclude, str):
         exclude = [exclude]
+    if pdf_reader not in PDF_READERS:
+        raise InputError(f"unknown pdf_reader {pdf_reader!r}; one of: {', '.join(PDF_READERS)}",
+                         hint="e.g. -p pdf_reader=pdftotext")
+    if pdf_reader == "pdftotext" and shutil.which("pdftotext") is None:
+        raise InputError("pdf_reader=pdftotext, but pdftotext is not installed",
+                         hint="install poppler-utils (apt-get install poppler-utils), "
+                              "or use -p pdf_reader=pypdf")
     emb = get_embedder(embedder)  # an unknown name fails here, listing the installed ones
     opened = open_index(index, emb.name, emb.version, emb.dim)
     docs = discover(source, exclude)
-    texts = read.map(docs, key="doc_id")
+    texts = read.map(docs, key="doc_id", pdf_reader=pdf_reader)
     cleaned = clean.map(texts)
     chunks = chunk.map(cleaned, size=int(chunk_size), overlap=int(overlap))
     # after=[opened]: nothing is embedded when the index cannot take these vectors
@@ -352,4 +414,4 @@ def doc_index(source: str = CORPUS, index: str = "index.duckdb", embedder: str =
                         batch_size=int(batch_size), index=index, titles=_flag(titles),
                         after=[opened])
     written = update_index.map(vectors, index=index, opened=opened)
-    return prune(index, docs, after=[written])
+    return prune(index, docs, confirm=_flag(confirm_prune), after=[written])
