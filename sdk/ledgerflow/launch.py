@@ -1,7 +1,7 @@
 """Starting and driving runs of a pipeline object, and the :class:`Run` handle.
 
 This is the layer ``Pipeline.run`` calls; it never imports user code (finding
-a pipeline by its recorded target is :mod:`ledgerflow.run`'s job).
+a pipeline by its recorded target is :mod:`ledgerflow.control`'s job).
 """
 
 from __future__ import annotations

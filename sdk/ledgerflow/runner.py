@@ -514,10 +514,15 @@ class Runner:
         if extra:
             literals += b"\x00" + extra
         inst.fp = finish_fingerprint(base, literals, ups)
+        rejected = ""
         if opts.cache:
             hit = self.cache.get(inst.fp)
             if hit is not None and hit[5] is not None and not self.store.blob_exists(hit[5]):
                 hit = None      # its result file is gone: run the task instead
+            if hit is not None and opts.verify is not None:
+                rejected = self._verify(opts.verify, inst, hit, args, kwargs)
+                if rejected:
+                    hit = None
             if hit is not None:
                 src_run, src_key, chash, kind, data, uri, size = hit
                 inst.hash = chash
@@ -544,7 +549,7 @@ class Runner:
         inst.job = job
         self.jobs[job.id] = inst
         self.inflight += 1
-        self._move(inst, _RUNNING, f"attempt {inst.attempt}")
+        self._move(inst, _RUNNING, f"attempt {inst.attempt}{rejected}")
         if opts.timeout is not None:
             self._timer(time.monotonic() + opts.timeout, "timeout", job.id)
         self.starting.append(job)
@@ -700,6 +705,27 @@ class Runner:
         self._move_run(RunState.WAITING, f"{len(self.gates)} approval(s) pending")
         self._commit()
         return RunState.WAITING.value
+
+    def _verify(self, verify: Callable[..., object], inst: Instance, hit: tuple[Any, ...],
+                args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """Check a cache hit of a task with ``verify=``; return why it was rejected, or "".
+
+        Runs in the driver, with the cached result and the task's resolved
+        arguments. Only True accepts; False or an exception rejects (the task
+        then runs, and the reason lands in the ``running`` transition).
+        """
+        src_run, src_key, _, kind, data, uri, _ = hit
+        where = f"{src_run}/{src_key}"
+        try:
+            value = self.store.read_blob(kind, data, uri)
+            ok = verify(value, *args, **kwargs)
+        except Exception as exc:  # user code: a failing check means "not verified"
+            return f"; cache hit rejected by verify: {type(exc).__name__}: {exc} ({where})"
+        if ok is True:
+            inst.value = value      # read once: dependents use it as it is
+            return ""
+        name = getattr(verify, "__qualname__", repr(verify))
+        return f"; cache hit rejected by verify: {name} returned {ok!r} ({where})"
 
     def _cancel_seen(self) -> bool:
         if self.lease_probe is not None and self.lease is not None \
