@@ -26,6 +26,7 @@ from typing import Any, Final
 
 from ledgerflow import Pipeline, context, task
 from ledgerflow import drafts as draft_file
+from ledgerflow.approval import DRAFTING
 from ledgerflow.catalogue import Catalogue, find_tasks
 from ledgerflow.keys import digest as content_digest
 from ledgerflow.policy import load_policy
@@ -288,4 +289,4 @@ def _drafting(request: str, tasks: list[str], output: str, base: str = ".",
 
 
 #: The drafting pipeline (``pipeline draft`` runs it; its target is this module).
-drafting: Pipeline[..., dict[str, Any]] = Pipeline(_drafting, draft_file.DRAFTING)
+drafting: Pipeline[..., dict[str, Any]] = Pipeline(_drafting, DRAFTING)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .approval import APPROVED, EXPIRED, REJECTED, who
+from .approval import APPROVED, DRAFTING, EXPIRED, REJECTED, who
 from .errors import ApprovalConflictError, InputError, NotWaitingError, StaleDigestError
 from .states import TaskState
 from .store import RunStore
@@ -60,8 +60,6 @@ def overlay(view: RunView, approvals: list[dict[str, Any]]) -> RunView:
 def _request(st: RunStore, run_id: str, task_key: str) -> dict[str, Any]:
     view = st.get_run(run_id)
     if task_key not in view.tasks:
-        from .drafts import DRAFTING
-
         if view.pipeline == DRAFTING:
             raise InputError(f"run {run_id} drafted a spec; a draft is approved by its "
                              "file, not as a task of the drafting run",

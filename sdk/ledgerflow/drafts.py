@@ -50,8 +50,6 @@ JSON_KEY: Final = "$draft"
 MARK: Final = "# ledgerflow draft:"
 #: The task key a draft's approval is recorded under, in the drafting run.
 DRAFT_REQUEST: Final = "draft"
-#: The name of the pipeline that drafts (``pipeline draft`` runs it).
-DRAFTING: Final = "drafting"
 _FIELDS: Final = ("digest", "run", "model", "request", "problems")
 
 
