@@ -246,3 +246,28 @@ def test_a_draft_naming_a_task_outside_the_catalogue_imports_nothing(
     assert "tasks.extra.task  [task.unknown]" in res.stdout
     assert "not one of the tasks this draft may use" in res.stdout
     assert not (project / "imported.txt").exists()
+
+
+def test_a_submitted_draft_needs_its_approval_too(project: Path,
+                                                 cli: Callable[..., Result]) -> None:
+    """pipeline submit records a run for a worker: an unapproved draft is refused first."""
+    assert draft(cli, turn(GOOD)).exit_code == 0
+    ledger = str(project / "ledger.duckdb")
+    before = [r.run_id for r in ledgerflow.runs(store=ledger)]
+    res = cli("submit", "draft.toml", "--json")
+    assert res.exit_code == 2 and "has not been approved" in res.output
+    assert [r.run_id for r in ledgerflow.runs(store=ledger)] == before
+    digest = drafts.spec_digest(GOOD)
+    assert cli("approve-draft", "draft.toml", "--digest", digest[:12]).exit_code == 0
+    res = cli("submit", "draft.toml", "--json")
+    assert res.exit_code == 0, res.output
+    run_id = json.loads(res.stdout)["run_id"]
+    # edited before a worker (here: resume) drives it: refused until approved again
+    text = (project / "draft.toml").read_text()
+    (project / "draft.toml").write_text(text.replace("rows = 10", "rows = 3"))
+    res = cli("resume", run_id)
+    assert res.exit_code == 2 and "was edited" in res.output
+    assert not (project / "out" / "total.txt").exists()
+    (project / "draft.toml").write_text(text)
+    assert cli("resume", run_id).exit_code == 0
+    assert (project / "out" / "total.txt").read_text() == "110"
