@@ -175,6 +175,20 @@ def _record(ctx: Any, seq: int, model: Any, req: Any, resp: Any, replayed: bool)
         replayed=replayed)
 
 
+def _record_failed(ctx: Any, seq: int, model: Any, req: Any, exc: Any, latency: float) -> None:
+    """Record a model call that failed (its tokens were spent all the same)."""
+    usage = getattr(exc, "usage", None)
+    inp, out = (usage.input_tokens, usage.output_tokens) if usage is not None else (0, 0)
+    pricing = getattr(model, "pricing", None)
+    ctx.record_model_call(
+        seq=seq, provider=getattr(model, "provider", ""), model=getattr(model, "model", ""),
+        key_alias=getattr(model, "key_alias", None) or "", request_hash=req.digest(),
+        response_hash="", input_tokens=inp, output_tokens=out,
+        cost=pricing.cost(inp, out) if pricing and usage is not None else 0.0,
+        latency=latency, finish_reason=f"error: {type(exc).__name__}", tool_calls=[],
+        replayed=False)
+
+
 @task(cache=False, retries=1, retry_delay=1.0)
 def draft_spec(request: str, tasks: list[str], base: str, model: str = "mock",
                policy: str | None = None, repairs: int = 2,
@@ -208,9 +222,11 @@ def draft_spec(request: str, tasks: list[str], base: str, model: str = "mock",
         if done:
             resp = ModelResponse.from_dict(recorded)
         else:
+            asked = time.monotonic()
             try:
                 resp = llm.complete(req, timeout=None)
             except ProviderError as exc:
+                _record_failed(ctx, n + 1, llm, req, exc, time.monotonic() - asked)
                 if best["spec"] is None:
                     raise           # nothing drafted yet: the attempt fails (and is retried)
                 stopped = f"the model failed during repair {n}: {exc}"

@@ -271,3 +271,24 @@ def test_a_submitted_draft_needs_its_approval_too(project: Path,
     (project / "draft.toml").write_text(text)
     assert cli("resume", run_id).exit_code == 0
     assert (project / "out" / "total.txt").read_text() == "110"
+
+
+def test_failed_model_calls_are_in_the_ledger_too(project: Path,
+                                                  cli: Callable[..., Result]) -> None:
+    """A call that spent tokens but gave no usable answer is recorded, with why."""
+    bad = {"fault": "malformed", "usage": {"input_tokens": 500, "output_tokens": 900}}
+    # the first answer fails twice (the attempt and its retry): the drafting run fails
+    res = draft(cli, bad, bad)
+    assert res.exit_code == 1, res.output
+    assert not (project / "draft.toml").exists()
+    (run,) = ledgerflow.runs(store=str(project / "ledger.duckdb"))
+    calls = ledgerflow.get_run(run.run_id, store=str(project / "ledger.duckdb")).model_calls()
+    assert [(c["attempt"], c["output_tokens"], c["finish_reason"]) for c in calls] == [
+        (1, 900, "error: MalformedResponse"), (2, 900, "error: MalformedResponse")]
+    # a repair that fails: the draft is written as it was, and the failed call is counted
+    broken = variant(load={"task": "steps.py:load", "args": {"rows": "ten"}})
+    res = draft(cli, turn(broken), bad, repairs=1, output="second.toml")
+    assert res.exit_code == 2, res.output
+    run_id = drafts.parse_header((project / "second.toml").read_text(), None).run
+    usage = ledgerflow.get_run(run_id, store=str(project / "ledger.duckdb")).usage()
+    assert usage["totals"]["model_calls"] == 2 and usage["totals"]["output_tokens"] == 980

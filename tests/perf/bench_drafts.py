@@ -81,6 +81,14 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"request": request, "error": res.output[-500:], "seconds": seconds})
             print(f"{i + 1:2}  error: {res.output[-200:]}", flush=True)
             continue
+        if not (work / out).exists():       # the drafting run failed (exit 1): no draft
+            why = (result.get("error") or result.get("reason") or res.output[-300:]) \
+                if isinstance(result, dict) else res.output[-300:]
+            rows.append({"request": request, "error": f"exit {res.exit_code}: {why}",
+                         "seconds": round(seconds, 1)})
+            print(f"{i + 1:2}  no draft (exit {res.exit_code}) {seconds:6.1f}s: "
+                  f"{str(why)[:160]}", flush=True)
+            continue
         check = runner.invoke(cli, ["validate", out, "--policy", "POLICY.toml", "--json"])
         report = json.loads(check.stdout)
         doc = tomllib.loads((work / out).read_text()) if (work / out).exists() else {}
