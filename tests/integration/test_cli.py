@@ -143,6 +143,7 @@ def test_newer_schema_is_refused_and_unchanged(runner: CliRunner, write_flow,
 def test_a_ledger_of_an_older_release_is_upgraded_by_its_first_reader(
         runner: CliRunner, write_flow, ledger: str) -> None:
     import duckdb
+
     from ledgerflow_stores.duckdb.schema import MIGRATIONS, SCHEMA_VERSION
     res = runner.invoke(main, ["run", write_flow(FLOW), "--store", ledger, "--json"])
     run_id = json.loads(res.output)["run_id"]
