@@ -26,6 +26,8 @@ from .keys import canonical, digest
 ON_TIMEOUT: Final = ("fail", "reject")
 #: Decisions, as stored.
 APPROVED, REJECTED, EXPIRED = "approved", "rejected", "expired"
+#: The pipeline that drafts specs (its drafts are approved by file: pipeline approve-draft).
+DRAFTING: Final = "drafting"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .approval import APPROVED, EXPIRED, REJECTED, who
+from .approval import APPROVED, DRAFTING, EXPIRED, REJECTED, who
 from .errors import ApprovalConflictError, InputError, NotWaitingError, StaleDigestError
 from .states import TaskState
 from .store import RunStore
@@ -60,6 +60,11 @@ def overlay(view: RunView, approvals: list[dict[str, Any]]) -> RunView:
 def _request(st: RunStore, run_id: str, task_key: str) -> dict[str, Any]:
     view = st.get_run(run_id)
     if task_key not in view.tasks:
+        if view.pipeline == DRAFTING:
+            raise InputError(f"run {run_id} drafted a spec; a draft is approved by its "
+                             "file, not as a task of the drafting run",
+                             hint="review it (pipeline validate FILE --plan), then: "
+                             "pipeline approve-draft FILE --digest PREFIX")
         raise InputError(f"run {run_id} has no task {task_key!r}",
                          hint=f"list what waits with: pipeline approvals {run_id}")
     waiting = [r for r in pending(st, run_id) if r["task_key"] == task_key]

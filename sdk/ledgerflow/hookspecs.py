@@ -191,3 +191,15 @@ def ledgerflow_add_cli_commands(group: click.Group) -> None:
     When: once, the first time the command line is parsed. Process: the
     ``pipeline`` command. Results: none; a PluginError is shown as a warning.
     """
+
+
+@hookspec
+def ledgerflow_spec_tasks() -> list[str]:
+    """Return modules or packages whose ``@task`` functions declarative specs may name.
+
+    When: when a catalogue of tasks is built (``pipeline spec-schema``,
+    ``pipeline draft``; the tasks defined in plugin modules themselves are
+    found without this hook). Process: the CLI. Results: every plugin's lists
+    are combined. Added in 0.2.
+    """
+    raise NotImplementedError

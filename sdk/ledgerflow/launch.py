@@ -400,6 +400,7 @@ def start(pipe: Pipeline[..., Any], args: Sequence[Any], params: dict[str, Any],
     ex = make_executor(executor if executor is not None and not isinstance(executor, str)
                        else settings.executor, settings)
     st = store_for(settings, store)
+    pipe.admit(st)        # e.g. a machine-written draft whose digest is not approved
     st.recover()          # what killed drivers left unfolded reaches the cache index
     run_id = run_id or new_run_id()
     cache = st.cache_lookup(sorted({n.task.name for n in graph if n.task.options.cache}))
@@ -421,6 +422,7 @@ def submit(pipe: Pipeline[..., Any], params: dict[str, Any], *, store: StoreArg 
     values = pipe.bind(**params)
     graph = pipe.build(**values)
     st = store_for(settings, store)
+    pipe.admit(st)
     run_id = run_id or new_run_id()
     runner = Runner(graph=graph, store=st, executor=_NoExecutor(), settings=settings,
                     run_id=run_id)
@@ -465,6 +467,7 @@ def continue_run(pipe: Pipeline[..., Any], view: RunView, st: RunStore, *,
                  progress: Any = None, cancel_event: threading.Event | None = None) -> Run:
     """Take over the run ``view`` (recorded by ``pipe``) and drive it to its end."""
     graph = pipe.build(**json.loads(view.params))
+    pipe.admit(st)        # a spec edited since the run started needs its approval again
     ex = make_executor(executor if executor is not None and not isinstance(executor, str)
                        else settings.executor, settings)
     st.recover()

@@ -158,6 +158,15 @@ class Pipeline(Generic[P, R]):
             return f"{self.fn.__module__}:{self.name}"
         return None
 
+    def admit(self, store: Any) -> None:
+        """Raise a PipelineError to refuse starting or resuming a run in ``store``.
+
+        Called before anything of the run is recorded. Every pipeline is admitted;
+        a spec file written by ``pipeline draft`` is refused until its digest is
+        approved (:meth:`ledgerflow.spec.SpecPipeline.admit`).
+        """
+        return None
+
     def bind(self, *args: Any, **params: Any) -> dict[str, Any]:
         """Check ``params`` against the signature; return all parameters by name."""
         try:

@@ -1,4 +1,4 @@
-"""Declarative pipelines: a JSON or TOML file listing tasks and ``after`` edges.
+"""Declarative pipelines: a JSON or TOML file listing steps, and the one check of them.
 
 Example ``etl.toml``::
 
@@ -9,51 +9,578 @@ Example ``etl.toml``::
     [tasks.load]
     task = "mypkg.steps:load"
     inputs = { rows = "extract" }     # pass extract's result as argument rows
-    after = ["extract"]
+    after = ["extract"]               # (implied by inputs; for ordering without data)
+    [tasks.parse]
+    task = "steps.py:parse"           # a module by path, from the spec's folder
+    map = "extract"                   # one parse per item of extract's list result
+    key = "id"                        # each item's key (default: the item or its hash)
 
-Tasks are found by import path and must be ``@task`` functions. This is the
-one way to write a cycle or an unknown name, so validation here reports
-every problem at once, naming the cycle.
+A step's fields are ``task`` (an import path, see :mod:`ledgerflow.catalogue`),
+``args`` (literal arguments), ``inputs`` (argument -> the step whose result it
+gets), ``map`` (fan out over a step's list result, or element-wise over
+another fan-out; each item goes to the task's first parameter), ``key`` and
+``after``. This is the one way to write a cycle or an unknown name, so
+:func:`check` reports every problem at once, each as a
+:class:`~ledgerflow.problems.Problem` with its path in the spec: unknown
+tasks and fields, missing, unknown or mistyped arguments (from the type
+hints), references to unknown steps, cycles (named), an upstream result
+type that does not fit the parameter it feeds (from return annotations), and
+what a :class:`~ledgerflow.policy.Policy` does not allow; steps with an
+approval gate are notes. ``pipeline validate`` prints the report;
+:class:`SpecPipeline` (``pipeline run spec.toml``) refuses to build a graph
+from a spec that has problems.
+
+A spec written by ``pipeline draft`` carries a header that marks it
+machine-written (:mod:`ledgerflow.drafts`); it runs only once its digest
+has been approved.
 """
 
 from __future__ import annotations
 
+import difflib
 import graphlib
-import importlib
 import json
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
-from .errors import InputError
+from . import drafts
+from .catalogue import NO_DEFAULT, TaskInfo, Unresolved, describe, resolve
+from .errors import CycleError, DefinitionError, InputError
 from .graph import Graph, Node
 from .pipeline import Pipeline
-from .task import Task, TaskRef
+from .policy import Policy, StepUse, declared, fill_need
+from .policy import check as check_policy
+from .problems import NOTE, Problem, step_path
+from .spectypes import describe as type_text
+from .spectypes import element_type, json_kind, type_fits, value_fits
+from .task import MapRef, TaskRef
+
+#: The fields a step may have, and the top-level keys of a spec.
+STEP_FIELDS: Final = ("task", "args", "inputs", "map", "key", "after")
+TOP_FIELDS: Final = ("name", "description", "tasks", drafts.JSON_KEY)
 
 
-def _resolve(path: str, problems: list[str], name: str) -> Task[..., Any] | None:
-    mod_name, _, attr = path.partition(":")
-    if not attr:
-        problems.append(f"task {name!r}: import path {path!r} must look like 'module:function'")
-        return None
-    try:
-        module = importlib.import_module(mod_name)
-    except ImportError as exc:
-        problems.append(f"task {name!r}: cannot import {mod_name!r} ({exc})")
-        return None
-    obj = getattr(module, attr, None)
-    if obj is None:
-        problems.append(f"task {name!r}: {mod_name!r} has no attribute {attr!r}")
-        return None
-    if not isinstance(obj, Task):
-        kind = "a plain function" if callable(obj) else type(obj).__name__
-        problems.append(f"task {name!r}: {path!r} is {kind}, not a @task")
-        return None
-    return obj
+@dataclass(slots=True)
+class Step:
+    """One step of a spec whose task was found."""
+
+    key: str
+    info: TaskInfo
+    args: dict[str, Any]
+    inputs: dict[str, str]
+    map: str | None = None
+    item_key: str | None = None
+    after: tuple[str, ...] = ()
+
+    @property
+    def upstream(self) -> list[tuple[str, tuple[str | int, ...]]]:
+        """Each step this one waits for, with the field that says so."""
+        out: list[tuple[str, tuple[str | int, ...]]] = []
+        if self.map is not None:
+            out.append((self.map, ("map",)))
+        out += [(up, ("inputs", param)) for param, up in self.inputs.items()]
+        out += [(up, ("after", i)) for i, up in enumerate(self.after)]
+        return out
 
 
-def load_spec(path: str | Path) -> Pipeline[..., Any]:
-    """Read a spec file and return a pipeline whose graph it describes."""
+@dataclass(slots=True)
+class Report:
+    """Everything :func:`check` found: problems (errors), notes, the steps, the order."""
+
+    problems: list[Problem] = field(default_factory=list)
+    notes: list[Problem] = field(default_factory=list)
+    steps: dict[str, Step] = field(default_factory=dict)
+    #: Steps in an order they can run in (empty when there is a cycle).
+    order: list[str] = field(default_factory=list)
+    cycles: list[list[str]] = field(default_factory=list)
+
+    @property
+    def valid(self) -> bool:
+        """True when there is no problem (notes do not count)."""
+        return not self.problems
+
+    def add(self, path: str, code: str, message: str, hint: str = "") -> None:
+        self.problems.append(Problem(path=path, code=code, message=message, hint=hint))
+
+    def plan(self) -> list[dict[str, Any]]:
+        """What would run, in order: each step's task, fan-out, upstream and gate."""
+        rows = []
+        for key in self.order:
+            s = self.steps.get(key)
+            if s is None:
+                continue
+            gate = s.info.task.options.approve
+            rows.append({"step": key, "task": s.info.ref, "map": s.map,
+                         "waits_for": list(dict.fromkeys(u for u, _ in s.upstream)),
+                         "gate": gate is not None,
+                         "approvers": list(gate.approvers) if gate else [],
+                         "cache": s.info.task.options.cache})
+        return rows
+
+    def as_json(self) -> dict[str, Any]:
+        return {"valid": self.valid, "problems": [p.as_dict() for p in self.problems],
+                "notes": [p.as_dict() for p in self.notes]}
+
+
+def _near(word: str, options: list[str]) -> str:
+    found = difflib.get_close_matches(word, options, n=1)
+    return f"did you mean {found[0]!r}? " if found else ""
+
+
+def check(doc: object, *, folder: str | None = None, policy: Policy | None = None,
+          cwd: str | None = None, only: Mapping[str, TaskInfo] | None = None) -> Report:
+    """Check a spec document (the parsed JSON/TOML); report every problem with its path.
+
+    Args:
+        doc: the parsed spec.
+        folder: the spec's folder (relative ``file.py:task`` references start there).
+        policy: also report what this policy does not allow.
+        cwd: the folder relative paths in arguments are taken from, for the policy.
+        only: the tasks steps may name, by reference (a draft's catalogue): any other
+            reference is unknown, and nothing is imported to find out.
+
+    Example:
+        >>> r = check({"tasks": {"a": {"task": "nowhere:x"}}})
+        >>> [p.code for p in r.problems]
+        ['task.unknown']
+    """
+    rep = Report()
+    if not isinstance(doc, Mapping):
+        rep.add("", "spec.not_a_table", "a spec is a table with a [tasks] table",
+                "list tasks as tasks.<name> = {task = 'module:function'}")
+        return rep
+    for k in doc:
+        if k not in TOP_FIELDS:
+            rep.add(str(k), "spec.unknown_field", f"unknown top-level key {k!r}",
+                    _near(str(k), list(TOP_FIELDS)) + "a spec has: name, description, tasks")
+    for k in ("name", "description"):
+        if k in doc and not isinstance(doc[k], str):
+            rep.add(k, "spec.type", f"{k} must be a string, given {json_kind(doc[k])}",
+                    f'{k} = "..."')
+    tasks = doc.get("tasks")
+    if not isinstance(tasks, Mapping) or not tasks:
+        rep.add("tasks", "spec.no_tasks", "the spec has no [tasks] table" if tasks is None
+                else "[tasks] must be a non-empty table of steps",
+                "list steps as tasks.<name> = {task = 'module:function'}")
+        return rep
+    raw: dict[str, Mapping[str, Any]] = {}
+    for key, entry in tasks.items():
+        key = str(key)
+        if not isinstance(entry, Mapping):
+            rep.add(step_path(key), "step.not_a_table", f"step {key!r} must be a table",
+                    f"[tasks.{key}]\ntask = \"module:function\"")
+            continue
+        raw[key] = entry
+    for key, entry in raw.items():
+        step = _check_step(rep, key, entry, raw, folder, only)
+        if step is not None:
+            rep.steps[key] = step
+    _check_names(rep)
+    _check_graph(rep, raw)
+    _check_types(rep)
+    for key, s in rep.steps.items():
+        gate = s.info.task.options.approve
+        if gate is not None:
+            who = f" (by {', '.join(gate.approvers)})" if gate.approvers else ""
+            each = " for each item" if s.map else ""
+            rep.notes.append(Problem(
+                path=step_path(key), code="approval.required", severity=NOTE,
+                message=f"step {key!r} waits for a person's approval{who}{each} before it runs",
+                hint=f"decide it when asked: pipeline approve RUN_ID {key} --digest ..."))
+    uses = [StepUse(key=k, ref=s.info.ref, task=s.info.task,
+                    args={**{p.name: p.default for p in s.info.params
+                             if p.default is not NO_DEFAULT},
+                          **_fitting(s)},     # a mistyped value is reported once, above
+                    fed={**dict(s.inputs),
+                         **({s.info.first.name: s.map} if s.map and s.info.first else {})},
+                    is_map=s.map is not None)
+            for k, s in rep.steps.items()]
+    if rep.order:
+        _check_races(rep, uses, policy, cwd)
+    if policy is not None:
+        rep.problems += check_policy(uses, policy, folder=folder, cwd=cwd)
+    rep.problems.sort(key=lambda p: p.path)
+    return rep
+
+
+def _check_races(rep: Report, uses: list[StepUse], policy: Policy | None,
+                 cwd: str | None) -> None:
+    """Steps that write a path another step reads or writes, with nothing ordering them."""
+    import os
+    base = cwd or os.getcwd()
+    touches: dict[str, list[tuple[str, str]]] = {}        # path -> [(step, "reads"|"writes")]
+    for use in uses:
+        need = declared(use, policy)
+        for kind in ("reads", "writes"):
+            for template in need[kind]:
+                filled = fill_need(template, use)
+                if isinstance(filled, str):
+                    continue                # known only at run time
+                for value in filled:
+                    if value in ("*", None):
+                        continue
+                    path = os.path.normpath(os.path.join(base, os.path.expanduser(str(value))))
+                    touches.setdefault(path, []).append((use.key, kind))
+    ancestors: dict[str, set[str]] = {}
+    for key in rep.order:                   # upstream before downstream
+        step = rep.steps.get(key)
+        ups = {u for u, _ in step.upstream} if step is not None else set()
+        ancestors[key] = set(ups).union(*(ancestors.get(u, set()) for u in ups))
+    seen: set[tuple[str, str, str]] = set()
+    for path, who in touches.items():
+        for w, wkind in who:
+            if wkind != "writes":
+                continue
+            for other, okind in who:
+                if other == w or (min(w, other), max(w, other), path) in seen:
+                    continue
+                if w in ancestors.get(other, set()) or other in ancestors.get(w, set()):
+                    continue
+                seen.add((min(w, other), max(w, other), path))
+                shown = os.path.relpath(path, base) if path.startswith(base) else path
+                verb = "reads" if okind == "reads" else "also writes"
+                rep.add(step_path(other), "graph.race",
+                        f"step {other!r} {verb} {shown!r}, which step {w!r} writes, but "
+                        "nothing orders the two steps", f'add after = ["{w}"] to step '
+                        f"{other!r} (or order them the other way)")
+
+
+def _fitting(s: Step) -> dict[str, Any]:
+    """The step's literal arguments that fit their parameters' types."""
+    out = {}
+    for name, value in s.args.items():
+        p = s.info.param(name)
+        if p is None or value_fits(value, p.hint):
+            out[name] = value
+    return out
+
+
+def _check_step(rep: Report, key: str, entry: Mapping[str, Any],
+                raw: Mapping[str, Mapping[str, Any]], folder: str | None,
+                only: Mapping[str, TaskInfo] | None = None) -> Step | None:
+    """Check one step's own fields; return it when its task was found."""
+    for f in entry:
+        if f not in STEP_FIELDS:
+            rep.add(step_path(key, str(f)), "step.unknown_field",
+                    f"step {key!r} has an unknown field {f!r}",
+                    _near(str(f), list(STEP_FIELDS)) + "a step has: " + ", ".join(STEP_FIELDS))
+    ref = entry.get("task")
+    info: TaskInfo | None = None
+    if not isinstance(ref, str) or not ref:
+        rep.add(step_path(key, "task"), "task.missing", f"step {key!r} needs a 'task' import path",
+                'task = "module:function"')
+    elif only is not None and ref not in only:
+        rep.add(step_path(key, "task"), "task.unknown",
+                f"step {key!r}: {ref!r} is not one of the tasks this draft may use",
+                _near(ref, list(only)) + "use one of: " + ", ".join(sorted(only)))
+    elif only is not None:
+        info = only[ref]
+    else:
+        found = resolve(ref, folder)
+        if isinstance(found, Unresolved):
+            rep.add(step_path(key, "task"), found.code, f"step {key!r}: {found.message}",
+                    found.hint)
+        else:
+            info = describe(found, ref)
+    args = entry.get("args", {})
+    if not isinstance(args, Mapping):
+        rep.add(step_path(key, "args"), "step.type", f"step {key!r}: args must be a table, "
+                f"given {json_kind(args)}", "args = { name = value }")
+        args = {}
+    inputs = entry.get("inputs", {})
+    if not isinstance(inputs, Mapping):
+        rep.add(step_path(key, "inputs"), "step.type", f"step {key!r}: inputs must be a table of "
+                f"step names, given {json_kind(inputs)}", 'inputs = { rows = "extract" }')
+        inputs = {}
+    good_inputs: dict[str, str] = {}
+    for param, up in inputs.items():
+        if not isinstance(up, str):
+            rep.add(step_path(key, "inputs", str(param)), "step.type",
+                    f"step {key!r}: inputs.{param} must name a step, given {json_kind(up)}",
+                    f'inputs = {{ {param} = "STEP" }}')
+            continue
+        good_inputs[str(param)] = up
+    source = entry.get("map")
+    if source is not None and not isinstance(source, str):
+        rep.add(step_path(key, "map"), "step.type", f"step {key!r}: map must name a step, given "
+                f"{json_kind(source)}", 'map = "STEP"')
+        source = None
+    item_key = entry.get("key")
+    if item_key is not None and not isinstance(item_key, str):
+        rep.add(step_path(key, "key"), "step.type", f"step {key!r}: key must be a field name, "
+                f"given {json_kind(item_key)}", 'key = "id"')
+        item_key = None
+    if item_key is not None and source is None:
+        rep.add(step_path(key, "key"), "step.key_without_map",
+                f"step {key!r} has a key but no map", 'add map = "STEP", or remove key')
+    after = entry.get("after", [])
+    if isinstance(after, str):
+        after = [after]
+    good_after: list[str] = []
+    if not isinstance(after, list):
+        rep.add(step_path(key, "after"), "step.type", f"step {key!r}: after must be a list of "
+                f"step names, given {json_kind(after)}", 'after = ["STEP"]')
+    else:
+        for i, up in enumerate(after):
+            if isinstance(up, str):
+                good_after.append(up)
+            else:
+                rep.add(step_path(key, "after", i), "step.type",
+                        f"step {key!r}: after[{i}] must name a step, given {json_kind(up)}",
+                        'after = ["STEP"]')
+    names = list(raw)
+    refs: list[tuple[str, tuple[str | int, ...]]] = []
+    if source is not None:
+        refs.append((source, ("map",)))
+    refs += [(up, ("inputs", p)) for p, up in good_inputs.items()]
+    refs += [(up, ("after", i)) for i, up in enumerate(good_after)]
+    for up, where in refs:
+        if up not in raw:
+            rep.add(step_path(key, *where), "ref.unknown",
+                    f"step {key!r} depends on unknown task {up!r}: no step has that name",
+                    _near(up, names) + "steps: " + ", ".join(names))
+    if info is None:
+        return None
+    _check_arguments(rep, key, info, args, good_inputs, source)
+    return Step(key, info, dict(args), good_inputs, source, item_key, tuple(good_after))
+
+
+def _check_arguments(rep: Report, key: str, info: TaskInfo, args: Mapping[str, Any],
+                     inputs: Mapping[str, str], source: str | None) -> None:
+    name = info.ref.rpartition(":")[2]
+    params = [p.name for p in info.params]
+    mapped = info.first.name if source is not None and info.first is not None else None
+    if source is not None and info.first is None:
+        rep.add(step_path(key, "map"), "map.no_param",
+                f"step {key!r} maps over {source!r}, but {info.signature} has no positional "
+                "parameter to take each item", "remove map, or use a task whose first "
+                "parameter takes one item")
+    for kind, given in (("args", list(args)), ("inputs", list(inputs))):
+        for pname in given:
+            if info.param(pname) is None and not info.var_kwargs:
+                rep.add(step_path(key, kind, pname), "arg.unknown",
+                        f"step {key!r}: {name} has no parameter {pname!r}",
+                        _near(pname, params) + f"its signature is {info.signature}")
+    for pname in sorted(set(args) & set(inputs)):
+        rep.add(step_path(key, "inputs", pname), "arg.twice",
+                f"step {key!r}: {pname!r} is given in args and in inputs",
+                "keep one of them")
+    if mapped is not None and (mapped in args or mapped in inputs):
+        where = "args" if mapped in args else "inputs"
+        rep.add(step_path(key, where, mapped), "arg.twice",
+                f"step {key!r}: {mapped!r} takes each item of map = {source!r}, and is "
+                f"given in {where} too", f"remove {where}.{mapped}")
+    for p in info.params:
+        if p.name in args:
+            value = args[p.name]
+            if not value_fits(value, p.hint):
+                if p.schema is None:
+                    msg = (f"step {key!r}: {p.name} is {p.type_text}, which no literal can be; "
+                           f"given {json_kind(value)}")
+                    hint = f'feed it from a step: inputs = {{ {p.name} = "STEP" }}'
+                else:
+                    msg = (f"step {key!r}: argument {p.name} is {_show(value)} "
+                           f"({json_kind(value)}), but {name} takes {p.type_text}")
+                    hint = f"give {p.name} as {_example(p.schema)}"
+                rep.add(step_path(key, "args", p.name), "arg.type", msg, hint)
+        elif p.required and p.name not in inputs and p.name != mapped:
+            if p.schema is None:
+                hint = f'feed it from a step: inputs = {{ {p.name} = "STEP" }}'
+            else:
+                hint = (f"add args.{p.name} ({_example(p.schema)}), or feed it from a step: "
+                        f'inputs = {{ {p.name} = "STEP" }}')
+            rep.add(step_path(key, "args", p.name), "arg.missing",
+                    f"step {key!r}: {name} needs argument {p.name} ({p.type_text})", hint)
+
+
+def _show(value: object) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=repr)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _example(schema: Mapping[str, Any]) -> str:
+    """A short description with an example literal of a JSON Schema (for hints)."""
+    if "enum" in schema:
+        return "one of " + ", ".join(json.dumps(v) for v in schema["enum"][:6])
+    if "anyOf" in schema:
+        return " or ".join(_example(s) for s in schema["anyOf"][:3])
+    kind = schema.get("type")
+    if kind == "array":
+        return "a list, e.g. [" + _example(schema.get("items", {})).split("e.g. ")[-1] + ", ...]"
+    return {"string": 'a string, e.g. "text"', "integer": "an integer, e.g. 10",
+            "number": "a number, e.g. 1.5", "boolean": "true or false",
+            "null": "nothing (leave it out)", "object": "a table, e.g. { key = 1 }"}.get(
+        kind if isinstance(kind, str) else "", "any value")
+
+
+def _check_names(rep: Report) -> None:
+    seen: dict[str, Step] = {}
+    for s in rep.steps.values():
+        other = seen.setdefault(s.info.task.name, s)
+        if other is not s and other.info.task.fn is not s.info.task.fn:
+            rep.add(step_path(s.key, "task"), "task.duplicate_name",
+                    f"steps {other.key!r} and {s.key!r} use two different tasks both named "
+                    f"{s.info.task.name!r} ({other.info.ref} and {s.info.ref})",
+                    "rename one of them: @task(name=...)")
+
+
+def _edges(raw: Mapping[str, Mapping[str, Any]]) -> dict[str, list[tuple[str, tuple[str | int, ...]]]]:
+    """Each step's upstream steps (that exist), with the field naming them."""
+    out: dict[str, list[tuple[str, tuple[str | int, ...]]]] = {}
+    for key, entry in raw.items():
+        ups: list[tuple[str, tuple[str | int, ...]]] = []
+        if isinstance(entry.get("map"), str) and entry["map"] in raw:
+            ups.append((entry["map"], ("map",)))
+        inputs = entry.get("inputs")
+        if isinstance(inputs, Mapping):
+            ups += [(v, ("inputs", str(k))) for k, v in inputs.items()
+                    if isinstance(v, str) and v in raw]
+        after = entry.get("after", [])
+        if isinstance(after, str):
+            after = [after]
+        if isinstance(after, list):
+            ups += [(v, ("after", i)) for i, v in enumerate(after)
+                    if isinstance(v, str) and v in raw]
+        out[key] = ups
+    return out
+
+
+def _check_graph(rep: Report, raw: Mapping[str, Mapping[str, Any]]) -> None:
+    edges = _edges(raw)
+    for cycle in _cycles({k: [u for u, _ in ups] for k, ups in edges.items()}):
+        rep.cycles.append(cycle)
+        first, second = cycle[0], cycle[1]
+        where = next(w for u, w in edges[first] if u == second)
+        rep.add(step_path(first, *where), "graph.cycle",
+                "cycle: " + " -> ".join(cycle) + " (each step waits for the next)",
+                f"remove one of these dependencies, e.g. {step_path(first, *where)}")
+    if rep.cycles:
+        return
+    sorter = graphlib.TopologicalSorter({k: [u for u, _ in ups] for k, ups in edges.items()})
+    rep.order = list(sorter.static_order())
+
+
+def _cycles(graph: Mapping[str, list[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component (Tarjan), as ``[a, b, ..., a]``."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    comps: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work: list[tuple[str, int]] = [(root, 0)]
+        while work:
+            node, i = work.pop()
+            if i == 0:
+                index[node] = low[node] = counter
+                counter += 1
+                stack.append(node)
+                on_stack.add(node)
+            succ = graph.get(node, [])
+            if i < len(succ):
+                work.append((node, i + 1))
+                nxt = succ[i]
+                if nxt not in index:
+                    work.append((nxt, 0))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            if low[node] == index[node]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == node:
+                        break
+                if len(comp) > 1 or node in graph.get(node, []):
+                    comps.append(comp)
+            if work:
+                caller = work[-1][0]
+                low[caller] = min(low[caller], low[node])
+    out = []
+    for comp in comps:
+        members = set(comp)
+        start = min(comp)
+        parent: dict[str, str] = {}
+        queue, end = [start], None
+        while queue and end is None:        # the shortest way back to start (BFS)
+            node = queue.pop(0)
+            for nxt in graph[node]:
+                if nxt == start:
+                    end = node
+                    break
+                if nxt in members and nxt not in parent:
+                    parent[nxt] = node
+                    queue.append(nxt)
+        path = [start]
+        node = end if end is not None else start
+        while node != start:
+            path.append(node)
+            node = parent[node]
+        path = [start, *reversed(path[1:]), start]
+        out.append(path)
+    return sorted(out)
+
+
+def _check_types(rep: Report) -> None:
+    """Does each upstream result fit the parameter it feeds (from the annotations)?"""
+    steps = rep.steps
+    for s in steps.values():
+        name = s.info.ref.rpartition(":")[2]
+        for param, up_key in s.inputs.items():
+            up, p = steps.get(up_key), s.info.param(param)
+            if up is None or p is None:
+                continue
+            kind = _produced(up)
+            if not type_fits(kind, p.hint):
+                is_list, item = element_type(kind)
+                hint = (f'fan out over it instead: map = "{up_key}" (each item goes to '
+                        f"{s.info.first.name})" if is_list and type_fits(item, p.hint)
+                        and s.info.first is not None and s.info.first.name == param
+                        and s.map is None else
+                        f"feed {param} from a step that returns {p.type_text}")
+                rep.add(step_path(s.key, "inputs", param), "input.type",
+                        f"step {up_key!r} returns {type_text(kind)}, but {name} takes "
+                        f"{param}: {p.type_text}", hint)
+        if s.map is not None and s.map in steps and s.info.first is not None:
+            up = steps[s.map]
+            kind = _produced(up)
+            is_list, item = element_type(kind)
+            first = s.info.first
+            if not is_list:
+                rep.add(step_path(s.key, "map"), "map.not_a_list",
+                        f"step {s.map!r} returns {type_text(kind)}, not a list: {s.key!r} "
+                        "cannot fan out over it",
+                        f'pass it whole instead: inputs = {{ {first.name} = "{s.map}" }}')
+            elif not type_fits(item, first.hint):
+                rep.add(step_path(s.key, "map"), "map.type",
+                        f"each item of step {s.map!r} is {type_text(item)}, but {name} takes "
+                        f"{first.name}: {first.type_text}",
+                        f"map over a step whose items are {first.type_text}")
+
+
+def _produced(up: Step) -> Any:
+    """The type a step's result has downstream (a fan-out gives the list of its results)."""
+    if up.map is not None:
+        return list[up.info.returns]  # type: ignore[name-defined]
+    return up.info.returns
+
+
+# -- files -----------------------------------------------------------------------------
+
+def read_document(path: str | Path) -> tuple[Any, str]:
+    """Parse a spec file; return (document, text).
+
+    Raises:
+        InputError: unreadable file, or not valid JSON/TOML.
+    """
     p = Path(path)
     try:
         text = p.read_text()
@@ -67,8 +594,15 @@ def load_spec(path: str | Path) -> Pipeline[..., Any]:
         else:
             doc = json.loads(text)
     except ValueError as exc:
-        raise InputError(f"spec {path} is not valid {p.suffix[1:].upper()}: {exc}",
+        raise InputError(f"spec {path} is not valid {p.suffix[1:].upper() or 'JSON'}: {exc}",
                          hint="fix the file's syntax") from None
+    return doc, text
+
+
+def load_spec(path: str | Path) -> SpecPipeline:
+    """Read a spec file and return a pipeline whose graph it describes."""
+    p = Path(path)
+    doc, text = read_document(p)
     if not isinstance(doc, dict) or not isinstance(doc.get("tasks"), dict):
         raise InputError(f"spec {path} has no [tasks] table",
                          hint="list tasks as tasks.<name> = {task = 'module:function'}")
@@ -76,40 +610,69 @@ def load_spec(path: str | Path) -> Pipeline[..., Any]:
     if folder not in sys.path:
         sys.path.insert(0, folder)
     name = str(doc.get("name") or p.stem)
-    return SpecPipeline(name, doc["tasks"], str(p.resolve()))
+    return SpecPipeline(name, doc["tasks"], str(p.resolve()), doc=doc,
+                        header=drafts.parse_header(text, doc))
 
 
 class SpecPipeline(Pipeline[..., Any]):
     """A pipeline defined by a spec file instead of a function body."""
 
-    def __init__(self, name: str, tasks: dict[str, Any], path: str) -> None:
+    def __init__(self, name: str, tasks: dict[str, Any], path: str, *,
+                 doc: dict[str, Any] | None = None,
+                 header: drafts.DraftHeader | None = None) -> None:
         def body() -> None:
             return None
         body.__name__ = name
         super().__init__(body, name)
         self.tasks = tasks
         self.path = path
+        self.doc = doc if doc is not None else {"name": name, "tasks": tasks}
+        #: The draft header when ``pipeline draft`` wrote this file (None: written by hand).
+        self.draft = header
 
     def target(self) -> str | None:
         return self.path
 
+    @property
+    def digest(self) -> str:
+        """The canonical digest of the spec's content (what an approval is bound to)."""
+        return drafts.spec_digest(self.doc)
+
+    def admit(self, store: Any) -> None:
+        """Refuse a machine-written draft whose digest has not been approved."""
+        if self.draft is not None:
+            drafts.require_approval(self.path, self.draft, self.digest, store)
+
+    def check(self, policy: Policy | None = None) -> Report:
+        """Every problem of this spec (see :func:`check`)."""
+        return check(self.doc, folder=str(Path(self.path).parent), policy=policy)
+
     def build(self, *args: Any, **params: Any) -> Graph:
+        report = self.check()
+        if report.problems:
+            problems = [str(p) for p in report.problems]
+            if report.cycles:
+                raise CycleError(report.cycles[0], problems=problems)
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise DefinitionError(
+                problems[0] + more, problems=problems,
+                hint=(report.problems[0].hint or "fix the spec")
+                + (f"; check them all: pipeline validate {self.path}" if more else ""))
         graph = Graph(self.name, may_cycle=True)
-        problems = graph.problems
-        for key, entry in self.tasks.items():
-            if not isinstance(entry, dict) or "task" not in entry:
-                problems.append(f"task {key!r} needs a 'task' import path")
-                continue
-            t = _resolve(str(entry["task"]), problems, key)
-            after = tuple(str(a) for a in entry.get("after", []))
-            inputs = {str(k): str(v) for k, v in dict(entry.get("inputs", {})).items()}
-            kwargs: dict[str, Any] = dict(entry.get("args", {}))
-            kwargs.update({k: TaskRef(v) for k, v in inputs.items()})
-            if t is None:
-                continue
-            graph.nodes[key] = Node(key, t, False, (), kwargs, tuple(dict.fromkeys(inputs.values())),
-                                    after, where=self.path, has_refs=bool(inputs))
-        graph.validate()
-        order = graphlib.TopologicalSorter({k: n.upstream for k, n in graph.nodes.items()})
-        graph.nodes = {k: graph.nodes[k] for k in order.static_order()}
-        return graph
+
+        def ref(k: str) -> TaskRef | MapRef:
+            return MapRef(k) if report.steps[k].map is not None else TaskRef(k)
+
+        for key in report.order:
+            s = report.steps[key]
+            kwargs: dict[str, Any] = dict(s.args)
+            kwargs.update({p: ref(up) for p, up in s.inputs.items()})
+            deps = tuple(dict.fromkeys(s.inputs.values()))
+            if s.map is not None:
+                graph.nodes[key] = Node(key, s.info.task, True, (), kwargs, deps, s.after,
+                                        source=ref(s.map), item_key=s.item_key,
+                                        where=self.path, has_refs=bool(s.inputs))
+            else:
+                graph.nodes[key] = Node(key, s.info.task, False, (), kwargs, deps, s.after,
+                                        where=self.path, has_refs=bool(s.inputs))
+        return graph.validate()

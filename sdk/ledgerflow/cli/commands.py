@@ -18,6 +18,7 @@ import click
 from .. import control as api
 from ..errors import InputError, PluginError
 from ..launch import Run, read_run
+from ..pipeline import Pipeline
 from ..states import RunState
 from ..views import RunView, counts_text, iso, lineage_of
 from .guard import guard
@@ -196,6 +197,8 @@ def run(target: str, params: tuple[str, ...], store: str | None, executor: str |
     finally:
         sys.stdout = real
     api.check_executor(executor)
+    if type(pipe).admit is not Pipeline.admit:  # e.g. a draft nobody approved: refused here
+        pipe.admit(api.open_ledger(store))
     run_id = api.new_run_id()
     if not as_json:
         out(f"run {run_id}  pipeline {pipe.name}  ({len(graph)} steps)")
