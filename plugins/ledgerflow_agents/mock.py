@@ -216,7 +216,7 @@ class MockModel:
     @property
     def requests(self) -> list[dict[str, Any]]:
         """Every request received, oldest first: ``seq``, ``turn``, ``conversation``,
-        ``digest``, ``fault`` and the ``request`` itself."""
+        ``digest``, ``fault``, ``pid``, ``at`` (epoch seconds) and the ``request`` itself."""
         with self._locked_log() as entries:
             return [dict(e) for e in entries]
 
@@ -237,6 +237,7 @@ class MockModel:
             turn = self.turns[index] if index < len(self.turns) else None
             entries.append({"seq": len(entries), "turn": index, "conversation": conversation,
                             "digest": request.digest(), "pid": os.getpid(),
+                            "at": time.time(),
                             "fault": None if turn is None else turn.get("fault"),
                             "request": request.to_dict()})
         if turn is None:
