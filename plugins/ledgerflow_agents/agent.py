@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -63,6 +64,7 @@ class AgentConfig:
     tool_choice: str
     system: str | None
     max_result_chars: int | None
+    cite: str | None = None
 
     @property
     def tool_map(self) -> dict[str, Tool]:
@@ -97,11 +99,13 @@ def run_agent(cfg: AgentConfig, bound: Mapping[str, Any], prompt: object) -> str
     messages = _messages(prompt, cfg.system)
     specs = [t.spec() for t in cfg.tools]
     tools = cfg.tool_map
+    cited: list[str] = []
     for step in range(cfg.max_steps):
         choice = cfg.tool_choice if step == 0 or cfg.tool_choice == "none" else "auto"
         request = ModelRequest(messages, tools=specs, max_output_tokens=cfg.max_output_tokens,
                                temperature=cfg.temperature,
-                               tool_choice=choice if specs else "auto")
+                               tool_choice=choice if specs else "auto",
+                               cite_from=cited)
         response = session.call_model(cfg.model, request, cfg.governance)
         if not response.tool_calls:
             return response.text
@@ -112,6 +116,8 @@ def run_agent(cfg: AgentConfig, bound: Mapping[str, Any], prompt: object) -> str
                                      cfg.max_result_chars)
             messages.append({"role": "tool", "tool_call_id": call["id"],
                              "name": call["name"], "content": text})
+            if cfg.cite:
+                cited += [c for c in re.findall(cfg.cite, text) if c not in cited]
     exc = StepsExceeded(f"the agent made {cfg.max_steps} model calls without a final answer")
     context().notice(exc.kind, str(exc))
     raise exc
@@ -126,6 +132,7 @@ def agent_task(fn: Callable[..., object] | None = None, /, *, model: str | ChatM
                tool_choice: str = "auto", system: str | None = None,
                record_content: bool = False, timeout: float | None = None,
                call_retries: int = 2, max_result_chars: int | None = 4000,
+               cite: str | None = None,
                retries: int = 2, retry_delay: float = 1.0, name: str | None = None,
                **task_options: Any) -> Any:
     """Make a prompt-building function an agent task (a tool-using model loop).
@@ -152,6 +159,11 @@ def agent_task(fn: Callable[..., object] | None = None, /, *, model: str | ChatM
         call_retries: extra tries of a model call after a timeout or a
             malformed answer, within the attempt.
         max_result_chars: longest tool result shown to the model (cut after).
+        cite: a regular expression whose first group finds citable ids in tool
+            results (e.g. ``r"\\[([^\\]]+#\\d+)\\]"``); once some were found, the
+            request asks the final answer to cite one of them
+            (``ModelRequest.cite_from``), which providers that constrain
+            decoding (``local``) enforce: the answer ends with ``[ID]``.
         retries, retry_delay, name, **task_options: of the task (``@task``).
 
     Raises:
@@ -230,12 +242,12 @@ def agent_task(fn: Callable[..., object] | None = None, /, *, model: str | ChatM
                           max_steps=max_steps, max_output_tokens=max_output_tokens,
                           temperature=temperature, tool_choice=tool_choice,
                           system=system if system is not None else inspect.getdoc(f),
-                          max_result_chars=max_result_chars)
+                          max_result_chars=max_result_chars, cite=cite)
         version = task_options.pop("version", None) or digest({
             "fn": code_version(f), "tools": [t.version for t in ts],
             "model": [m.provider, m.model], "approve": sorted(approve),
             "system": cfg.system, "max_steps": max_steps, "tokens": max_output_tokens,
-            "temperature": temperature, "tool_choice": tool_choice})[7:23]
+            "temperature": temperature, "tool_choice": tool_choice, "cite": cite})[7:23]
 
         @functools.wraps(f)
         def body(*args: Any, **kwargs: Any) -> str:

@@ -17,8 +17,11 @@ thread's context:
 A refused operation raises :class:`~ledgerflow_agents.errors.PathNotAllowed`
 (or :class:`~ledgerflow_agents.errors.ToolNotAllowed`) inside the tool, and is
 remembered: even a tool that catches the error fails its task afterwards.
-Reading Python code (``.py``, ``.pyc``, extension modules) anywhere and
-anything under the interpreter's prefixes is allowed, so imports work.
+Reading Python code (``.py``, ``.pyc``, extension modules) anywhere,
+anything under the interpreter's prefixes, listing the folders the import
+system lists (``sys.path`` entries, packages), and reading what libraries
+read about the machine (``/proc/stat``, ``/proc/cpuinfo``, cgroup limits, the
+time zone; not ``/proc/self/environ``) is allowed, so imports work.
 
 Limits, by construction of audit hooks: what C code does on its own (DuckDB
 opening its file, a C library's sockets) is not seen, nor what threads the
@@ -33,6 +36,7 @@ import contextlib
 import contextvars
 import importlib.machinery
 import os
+import re
 import sys
 import threading
 from collections.abc import Iterator
@@ -97,8 +101,29 @@ def _real(path: Any) -> str | None:
         return None
 
 
+#: What libraries read to learn about the machine (CPU count, memory, time zone); not
+#: /proc/self/environ or other processes' files, which can hold secrets.
+_SYSTEM = ("/proc/stat", "/proc/cpuinfo", "/proc/meminfo", "/proc/self/stat",
+           "/proc/self/status", "/proc/self/cgroup", "/proc/self/mountinfo",
+           "/proc/self/maps", "/sys/devices/system/cpu", "/sys/fs/cgroup", "/etc/localtime",
+           "/usr/share/zoneinfo", "/etc/ld.so.cache", "/dev/null", "/dev/urandom")
+_SELF = re.compile(r"^/proc/(\d+)(?=/|$)")
+
+
 def _is_code(path: str) -> bool:
-    return path.endswith(_CODE) or within(path, _PREFIXES)
+    if path.endswith(_CODE) or within(path, _PREFIXES):
+        return True
+    m = _SELF.match(path)
+    if m and int(m.group(1)) == os.getpid():
+        path = "/proc/self" + path[m.end():]
+    return within(path, _SYSTEM)
+
+
+def _is_code_dir(path: str) -> bool:
+    """A folder the import system lists: on ``sys.path``, or a package."""
+    if os.path.isfile(os.path.join(path, "__init__.py")):
+        return True
+    return any(path == os.path.realpath(p or ".") for p in sys.path if isinstance(p, str))
 
 
 def _hook(event: str, args: tuple[Any, ...]) -> None:
@@ -124,7 +149,7 @@ def _check(g: Guard, event: str, args: tuple[Any, ...]) -> None:
         _path(g, path, writes, "open")
     elif event in _LIST:
         path = _real(args[0] if args and args[0] is not None else ".")
-        if path is not None:
+        if path is not None and not _is_code_dir(path):
             _path(g, path, False, event)
     elif event in _MUTATE:
         for i in _MUTATE[event]:
@@ -148,8 +173,8 @@ def _path(g: Guard, path: str, writes: bool, event: str) -> None:
             return
         g.refuse("path_not_allowed", f"tool {g.tool!r} may not write {path} ({event}); "
                  f"its write roots: {', '.join(g.writes) or 'none'}")
-    if within(path, g.reads + g.writes) or _is_code(path):
-        return
+    if within(path, g.reads + g.writes) or _is_code(path) or not os.path.exists(path):
+        return                  # (a missing file reads nothing: libraries probe paths)
     g.refuse("path_not_allowed", f"tool {g.tool!r} may not read {path} ({event}); "
              f"its roots: {', '.join(g.reads + g.writes) or 'none'}")
 

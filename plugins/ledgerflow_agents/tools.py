@@ -31,7 +31,9 @@ the model sees) is derived from them, its description from the docstring::
 
 Schemas: ``str``, ``int``, ``float``, ``bool``, ``Path``, ``list[X]``,
 ``tuple[X, ...]``, ``dict[str, X]``, ``Literal[...]``, ``Enum`` subclasses,
-``X | None`` and ``Annotated[X, "description"]``.
+``X | None``, ``Annotated[X, "description"]`` and ``Annotated[X,
+msgspec.Meta(max_length=..., ge=..., pattern=...)]`` (constraints a
+constrained decoder keeps to, and checked at dispatch).
 """
 
 from __future__ import annotations
@@ -61,14 +63,16 @@ __all__ = ["Arg", "InvalidArguments", "Prepared", "Tool", "as_tool", "tool"]
 
 @dataclass(frozen=True, slots=True)
 class Arg:
-    """A root taken from the agent task's argument ``name`` when the tool is called.
+    """A root taken from the agent task's argument ``name`` when the tool is called
+    (plus ``suffix``: ``Arg("index", suffix=".lock")`` is the index's lock file).
 
     Example:
         >>> Arg("corpus")
-        Arg(name='corpus')
+        Arg(name='corpus', suffix='')
     """
 
     name: str
+    suffix: str = ""
 
 
 Root = Union[str, "os.PathLike[str]", Arg]
@@ -95,6 +99,25 @@ def _strip(hint: Any) -> tuple[Any, str]:
     return hint, ""
 
 
+#: msgspec.Meta constraints and their JSON Schema keywords.
+_META = {"max_length": "maxLength", "min_length": "minLength", "pattern": "pattern",
+         "ge": "minimum", "le": "maximum", "gt": "exclusiveMinimum", "lt": "exclusiveMaximum",
+         "description": "description"}
+
+
+def _constraints(hint: Any) -> dict[str, Any]:
+    """JSON Schema keywords of the ``msgspec.Meta`` in ``Annotated[X, Meta(...)]``."""
+    out: dict[str, Any] = {}
+    if get_origin(hint) is typing.Annotated:
+        for m in get_args(hint)[1:]:
+            if isinstance(m, msgspec.Meta):
+                for attr, keyword in _META.items():
+                    value = getattr(m, attr, None)
+                    if value is not None:
+                        out[keyword] = value
+    return out
+
+
 def _is_optional(hint: Any) -> tuple[bool, Any]:
     origin = get_origin(hint)
     if origin in (Union, types.UnionType):
@@ -106,9 +129,10 @@ def _is_optional(hint: Any) -> tuple[bool, Any]:
 
 def schema_of(hint: Any, where: str) -> dict[str, Any]:
     """The JSON schema of one type hint (raises DefinitionError for what has none)."""
+    meta = _constraints(hint)
     hint, doc = _strip(hint)
     optional, hint = _is_optional(hint)
-    out = _schema(hint, where)
+    out = {**_schema(_strip(hint)[0], where), **_constraints(hint), **meta}
     if optional:
         out = {"anyOf": [out, {"type": "null"}]}
     if doc:
@@ -144,6 +168,15 @@ def _schema(hint: Any, where: str) -> dict[str, Any]:
     raise DefinitionError(f"{where}: type {hint!r} has no JSON schema here",
                           hint="use str, int, float, bool, Path, list[X], dict[str, X], "
                                "Literal[...] or an Enum")
+
+
+def _checked(hint: Any) -> Any:
+    """The type msgspec checks arguments against (descriptions dropped, Meta kept)."""
+    if get_origin(hint) is typing.Annotated:
+        base, *extra = get_args(hint)
+        metas = [m for m in extra if isinstance(m, msgspec.Meta)]
+        return typing.Annotated[(base, *metas)] if metas else base  # type: ignore[valid-type]
+    return hint
 
 
 _ARGS_RE = re.compile(r"^\s*(Args|Arguments|Parameters):\s*$")
@@ -237,7 +270,7 @@ class Tool:
             base = _is_optional(_strip(hint)[0])[1]
             if isinstance(base, type) and issubclass(base, PurePath):
                 self.paths.add(p.name)
-            self.types[p.name] = _strip(hint)[0]
+            self.types[p.name] = _checked(hint)
             self.visible.append(p.name)
             if p.default is p.empty:
                 required.append(p.name)
@@ -283,6 +316,8 @@ class Tool:
             out = []
             for r in roots:
                 value = bound.get(r.name) if isinstance(r, Arg) else r
+                if isinstance(r, Arg) and value is not None and r.suffix:
+                    value = os.fspath(value) + r.suffix
                 if value is None:
                     raise PathNotAllowed(f"tool {self.name!r}: its root {r!r} has no value",
                                          hint="pass the argument the root names to the "
@@ -344,7 +379,7 @@ def _inside(tool_name: str, value: str, base: tuple[str, ...], roots: tuple[str,
     if not os.path.isabs(p):
         if not base:
             raise PathNotAllowed(f"tool {tool_name!r} has no root for the path {value!r}")
-        start = base[0] if os.path.isdir(base[0]) else os.path.dirname(base[0])
+        start = os.path.dirname(base[0]) if os.path.isfile(base[0]) else base[0]
         p = os.path.join(start, p)
     real = os.path.realpath(p)
     if not within(real, roots):

@@ -406,3 +406,25 @@ def test_bad_declarations_exit_2_from_the_cli(tmp_path: Path) -> None:
                          env=env, timeout=120)
     assert res.returncode == 2, res.stdout + res.stderr
     assert "Error:" in res.stderr and "tokens must be a positive" in res.stderr
+
+
+def test_cite_asks_the_final_request_to_cite_an_id_the_tools_returned(tmp_path: Path) -> None:
+    @tool
+    def lookup(query: str) -> str:
+        """Look passages up."""
+        return "[a.md#1] one\n[b.md#3] two"
+
+    mock = MockModel(turns=[{"tool_calls": [{"name": "lookup", "arguments": {"query": "x"}}]},
+                            {"text": "Two [b.md#3]."}])
+
+    @agent_task(model=mock, tools=[lookup], cite=r"\[([^\]\s]+#\d+)\]")
+    def citer(question: str) -> str:
+        return question
+
+    @pipeline
+    def flow():
+        return citer("which?")
+
+    assert flow.run(store=_store(tmp_path)).result() == "Two [b.md#3]."
+    sent = [r["request"].get("cite_from") for r in mock.requests]
+    assert sent == [None, ["a.md#1", "b.md#3"]]

@@ -9,6 +9,7 @@ import socket
 from pathlib import Path
 from typing import Annotated, Literal
 
+import msgspec
 import pytest
 
 from ledgerflow.errors import DefinitionError
@@ -221,3 +222,53 @@ def test_concurrent_slots_and_tokens_per_minute(tmp_path: Path) -> None:
         lim.acquire("e", 101, one)
     with pytest.raises(DefinitionError):
         KeyLimits(concurrent=0)
+
+
+def test_meta_constraints_reach_the_schema_and_are_checked_at_dispatch() -> None:
+    @tool
+    def find(query: Annotated[str, msgspec.Meta(max_length=5)],
+             k: Annotated[int, msgspec.Meta(ge=1, le=3)] | None = None) -> str:
+        """Find."""
+        return query
+
+    props = find.spec()["parameters"]["properties"]
+    assert props["query"] == {"type": "string", "maxLength": 5}
+    assert props["k"] == {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 3},
+                                    {"type": "null"}]}
+    assert find.prepare({"query": "abc", "k": 2}, {}).kwargs == {"query": "abc", "k": 2}
+    with pytest.raises(InvalidArguments, match="query"):
+        find.prepare({"query": "abcdef"}, {})
+    with pytest.raises(InvalidArguments, match="k"):
+        find.prepare({"query": "a", "k": 9}, {})
+
+
+def test_an_arg_root_with_a_suffix_names_a_file_beside_the_argument(tmp_path: Path) -> None:
+    index = tmp_path / "index.duckdb"
+
+    @tool(reads=[Arg("index")], writes=[Arg("index", suffix=".lock")])
+    def search_it(query: str, *, index: str) -> str:
+        """Search."""
+        return query
+
+    p = search_it.prepare({"query": "q"}, {"index": str(index)})
+    assert p.reads == (str(index),)
+    assert p.writes == (str(index) + ".lock",)
+    g = Guard("search_it", reads=p.reads, writes=p.writes)
+    with guarded(g):
+        (tmp_path / "index.duckdb.lock").write_text("")
+        with pytest.raises(PathNotAllowed):
+            (tmp_path / "index.duckdb.other").write_text("")
+
+
+def test_the_guard_lets_libraries_read_about_the_machine_but_not_the_environment(
+        tmp_path: Path) -> None:
+    g = Guard("t", reads=(str(tmp_path),), writes=())
+    with guarded(g):
+        Path("/proc/stat").read_text()
+        Path(f"/proc/{os.getpid()}/status").read_text()
+        assert not Path(tmp_path / "missing.txt").exists()
+        with pytest.raises(FileNotFoundError):
+            open(tmp_path.parent / "never-there.txt")        # probing a missing path
+        with pytest.raises(PathNotAllowed):
+            Path("/proc/self/environ").read_bytes()
+    assert [k for k, _ in g.violations] == ["path_not_allowed"]
