@@ -17,8 +17,9 @@ thread's context:
 A refused operation raises :class:`~ledgerflow_agents.errors.PathNotAllowed`
 (or :class:`~ledgerflow_agents.errors.ToolNotAllowed`) inside the tool, and is
 remembered: even a tool that catches the error fails its task afterwards.
-Reading Python code (``.py``, ``.pyc``, extension modules) anywhere,
-anything under the interpreter's prefixes, listing the folders the import
+Reading Python code (``.py``, ``.pyc``, extension modules) and package
+metadata (``*.dist-info``, ``*.egg-info``) anywhere, anything under the
+interpreter's prefixes, listing the folders the import
 system lists (``sys.path`` entries, packages), and reading what libraries
 read about the machine (``/proc/stat``, ``/proc/cpuinfo``, cgroup limits, the
 time zone; not ``/proc/self/environ``) is allowed, so imports work.
@@ -108,10 +109,12 @@ _SYSTEM = ("/proc/stat", "/proc/cpuinfo", "/proc/meminfo", "/proc/self/stat",
            "/proc/self/maps", "/sys/devices/system/cpu", "/sys/fs/cgroup", "/etc/localtime",
            "/usr/share/zoneinfo", "/etc/ld.so.cache", "/dev/null", "/dev/urandom")
 _SELF = re.compile(r"^/proc/(\d+)(?=/|$)")
+#: installed packages' metadata (entry points, versions), which plugin lookups read
+_METADATA = re.compile(r"/[^/]+\.(dist-info|egg-info)(/|$)")
 
 
 def _is_code(path: str) -> bool:
-    if path.endswith(_CODE) or within(path, _PREFIXES):
+    if path.endswith(_CODE) or within(path, _PREFIXES) or _METADATA.search(path):
         return True
     m = _SELF.match(path)
     if m and int(m.group(1)) == os.getpid():
@@ -152,6 +155,9 @@ def _check(g: Guard, event: str, args: tuple[Any, ...]) -> None:
         if path is not None and not _is_code_dir(path):
             _path(g, path, False, event)
     elif event in _MUTATE:
+        if event == "os.mkdir" and len(args) > 2 and args[2] in (None, -1) \
+                and os.path.lexists(args[0]):
+            return              # fails with FileExistsError, changes nothing (makedirs probes)
         for i in _MUTATE[event]:
             if i < len(args):
                 path = _real(args[i])

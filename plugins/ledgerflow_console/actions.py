@@ -12,6 +12,7 @@ import inspect
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -60,12 +61,14 @@ def resume(ledger: Ledger, run_id: str) -> dict[str, Any]:
     if head.driver_alive:
         raise NotResumableError(f"run {run_id} is still being driven (pid {head.driver_pid})",
                                 hint="wait for it, or cancel it first")
-    if ledger.store_kind(run) != "duckdb":
-        raise InputError(f"runs in a {ledger.store_kind(run)!r} store cannot be resumed from "
-                         "another process",
+    kind = ledger.store_kind(run)
+    if kind not in ("duckdb", "postgres"):
+        raise InputError(f"runs in a {kind!r} store cannot be resumed from another process",
                          hint="resume it from the process that holds the store")
     location = ledger.location(run)
-    folder = Path(location + ".d") / "console"
+    # a DuckDB ledger keeps the log beside it; a database URL has no folder: a temp one
+    folder = (Path(location + ".d") if kind == "duckdb"
+              else Path(tempfile.gettempdir()) / "ledgerflow-console") / "console"
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / f"resume-{run_id}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
     argv = [sys.executable, "-m", "ledgerflow", "resume", run_id, "--store", location]

@@ -1,7 +1,8 @@
 """Pure text functions of the doc_index recipe: find, read, clean and chunk documents.
 
-Nothing here knows about ledgerflow; the tasks in ``pipeline.py`` are thin
-wrappers, and these functions are unit-tested directly.
+Nothing here knows about runs or tasks; the tasks in ``pipeline.py`` are thin
+wrappers, and these functions are unit-tested directly. (``index_terms``, the
+keyword tokenizer, is re-exported from :mod:`ledgerflow_docindex.terms`.)
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
+
+# the keyword tokenizer lives with the index (the CLI and a console search with it)
+from ledgerflow_docindex.terms import index_terms  # noqa: F401
 
 #: File suffix (lowercase) -> format name.
 FORMATS: dict[str, str] = {
@@ -282,32 +286,7 @@ def clean_text(text: str, fmt: str = "text") -> str:
     return normalize_whitespace(text)
 
 
-# --------------------------------------------------------------------------- terms
-
-_TERM = re.compile(r"[^\W_]+")
-
-
-def index_terms(text: str) -> list[str]:
-    """The keyword-index terms of ``text``, in order (used for chunks and queries alike).
-
-    Lowercase runs of letters and digits, 1-character words dropped, a plural
-    "s" stripped from words of 4+ letters ("patents" -> "patent"; "class" stays).
-
-    Example:
-        >>> index_terms("The Patents, e.g. of a class")
-        ['the', 'patent', 'of', 'class']
-    """
-    out = []
-    for word in _TERM.findall(text.lower()):
-        if len(word) < 2:
-            continue
-        if len(word) > 3 and word[-1] == "s" and word[-2] != "s":
-            word = word[:-1]
-        out.append(word)
-    return out
-
-
-# --------------------------------------------------------------------------- chunk
+# --------------------------------------------------------------------------- titles
 
 
 def document_title(doc_id: str) -> str:

@@ -32,11 +32,15 @@ DEFAULT_CAP = 64 * 1024
 
 
 def default_cap() -> int:
-    """The per-attempt cap in characters (``LEDGERFLOW_LOG_CAP``)."""
+    """The per-attempt cap in characters (``LEDGERFLOW_LOG_CAP``, read when capture is
+    installed in a process)."""
     try:
         return max(256, int(os.environ.get("LEDGERFLOW_LOG_CAP", DEFAULT_CAP)))
     except ValueError:
         return DEFAULT_CAP
+
+
+_cap = DEFAULT_CAP
 
 
 class AttemptOutput:
@@ -47,7 +51,7 @@ class AttemptOutput:
 
     def __init__(self, key: str, *, cap: int | None = None, echo: bool = False) -> None:
         self.key = key
-        self.half = (cap or default_cap()) // 2
+        self.half = (cap or _cap) // 2
         self.head: list[str] = []
         self.size = 0                       # characters kept in head
         self.tail: deque[str] = deque()
@@ -84,6 +88,8 @@ class AttemptOutput:
 
     def text(self) -> str:
         """Everything kept, with a marker where the middle was dropped."""
+        if not self.head:
+            return ""
         with self._lock:
             head = "".join(self.head)
             tail = "".join(self.tail)
@@ -179,16 +185,19 @@ class _Handler(logging.Handler):
 
 
 _install_lock = threading.Lock()
+_root = logging.getLogger()
 _handler = _Handler()
 _handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
 
 
 def install() -> None:
     """Route stdout, stderr and logging through the capture (idempotent, cheap)."""
+    global _cap
     if type(sys.stdout) is _Router and type(sys.stderr) is _Router \
-            and _handler in logging.getLogger().handlers:
+            and _handler in _root.handlers:
         return
     with _install_lock:
+        _cap = default_cap()
         if type(sys.stderr) is not _Router:
             _echo_to[:] = [sys.stderr]
             sys.stderr = _Router(sys.stderr)
@@ -199,16 +208,27 @@ def install() -> None:
             root.addHandler(_handler)
 
 
+def start(key: str, *, echo: bool = False, cap: int | None = None
+          ) -> tuple[AttemptOutput, contextvars.Token[AttemptOutput | None]]:
+    """Begin capturing the output of task ``key`` in this context (see :func:`stop`)."""
+    install()
+    out = AttemptOutput(key, cap=cap, echo=echo)
+    return out, _current.set(out)
+
+
+def stop(out: AttemptOutput, token: contextvars.Token[AttemptOutput | None]) -> None:
+    """End the capture :func:`start` began."""
+    _current.reset(token)
+    if out.echo and out.partial and _echo_to:
+        _echo_lines(out, "\n")
+
+
 @contextlib.contextmanager
 def attempt(key: str, *, echo: bool = False, cap: int | None = None
             ) -> Iterator[AttemptOutput]:
     """Capture what the code in this block writes, as the output of task ``key``."""
-    install()
-    out = AttemptOutput(key, cap=cap, echo=echo)
-    token = _current.set(out)
+    out, token = start(key, echo=echo, cap=cap)
     try:
         yield out
     finally:
-        _current.reset(token)
-        if out.echo and out.partial and _echo_to:
-            _echo_lines(out, "\n")
+        stop(out, token)

@@ -14,6 +14,16 @@ from .errors import ConfigError
 
 DEFAULT_STORE = os.path.join(".ledgerflow", "ledger.duckdb")
 
+#: Store locations that name a PostgreSQL database (the ``postgres`` store plugin).
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+def store_kind_for(location: str) -> str | None:
+    """The store plugin a location implies (``postgres`` for a URL), or None."""
+    if location.startswith(POSTGRES_SCHEMES):
+        return "postgres"
+    return None
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
@@ -59,6 +69,10 @@ class Settings:
         if env.get("LEDGERFLOW_CANCEL_GRACE"):   # seconds to wait for a cancel to be confirmed
             values["options"] = {"cancel_grace": env["LEDGERFLOW_CANCEL_GRACE"]}
         values.update({k: v for k, v in overrides.items() if v is not None})
+        if "store_kind" not in values and isinstance(values.get("store"), str):
+            kind = store_kind_for(values["store"])  # type: ignore[arg-type]
+            if kind is not None:
+                values["store_kind"] = kind
         settings = cls(**values)  # type: ignore[arg-type]
         if settings.workers < 1:
             raise ConfigError(f"workers must be at least 1, given: {settings.workers}",

@@ -152,10 +152,14 @@ def execute(job: Job, cancel: Callable[[], bool] | None = None, *,
     What the attempt writes to stdout, stderr and ``logging`` is captured into
     the Completion (:mod:`ledgerflow.capture`).
     """
-    with capture.attempt(job.task_key, echo=job.echo) as out:
+    out, token = capture.start(job.task_key, echo=job.echo)
+    try:
         c = _execute(job, cancel, keep_value)
-    c.log = out.text()
-    c.log_dropped = out.dropped
+    finally:
+        capture.stop(out, token)
+    if out.head:
+        c.log = out.text()
+        c.log_dropped = out.dropped
     return c
 
 

@@ -1,7 +1,7 @@
 """Starting and driving runs of a pipeline object, and the :class:`Run` handle.
 
 This is the layer ``Pipeline.run`` calls; it never imports user code (finding
-a pipeline by its recorded target is :mod:`ledgerflow.run`'s job).
+a pipeline by its recorded target is :mod:`ledgerflow.control`'s job).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from . import deciding
 from ._gc import quiet_gc
-from .config import Settings
+from .config import Settings, store_kind_for
 from .errors import (
     InputError,
     NotResumableError,
@@ -103,6 +103,8 @@ def settings_for(store: StoreArg = None, executor: object = None,
     if isinstance(store, str):
         if store == ":memory:" or store.startswith("memory:"):
             kw["store_kind"] = "memory"
+        elif store_kind_for(store) is not None:     # postgresql://... names its plugin
+            kw["store_kind"] = store_kind_for(store)
         kw["store"] = store
     elif store is not None:
         kw["store"], kw["store_kind"] = store.location, store.name

@@ -40,7 +40,12 @@ from ._gc import quiet_gc
 from .approval import APPROVED, EXPIRED, REJECTED, Approval, Decision, summarize, task_digest
 from .config import Settings
 from .context import call_log_path, read_step_log, step_log_path
-from .errors import ApprovalConflictError, InvalidTransitionError, PipelineError
+from .errors import (
+    ApprovalConflictError,
+    InvalidTransitionError,
+    LeaseLostError,
+    PipelineError,
+)
 from .executor import Completion, Executor, Job, execute, inline_when_alone, runs_in_driver
 from .graph import Graph
 from .keys import fingerprint_base, finish_fingerprint
@@ -182,6 +187,9 @@ class Runner:
         self.steps: dict[str, dict[str, tuple[str, str]]] = {}
         folders = getattr(store, "worker_folders", None)
         self.folders: tuple[str, str] | None = folders(run_id) if folders else None
+        #: the store's optional lease-loss probe (see :meth:`_check_lease`)
+        self.lease_probe: Callable[[Lease], str | None] | None = getattr(
+            store, "lease_lost", None)
 
     # -- the run's own records ----------------------------------------------------------
     def create(self, *, pipeline: str, target: str | None, params: dict[str, Any],
@@ -433,6 +441,7 @@ class Runner:
         now = time.monotonic()
         if now >= self.next_poll:
             self.next_poll = now + 0.1
+            self._check_lease()
             if not self.cancelling and self._cancel_seen():
                 self._start_cancel("cancel requested")
             elif self.gates and not self.cancelling:
@@ -531,10 +540,15 @@ class Runner:
         if extra:
             literals += b"\x00" + extra
         inst.fp = finish_fingerprint(base, literals, ups)
+        rejected = ""
         if opts.cache:
             hit = self.cache.get(inst.fp)
             if hit is not None and hit[5] is not None and not self.store.blob_exists(hit[5]):
                 hit = None      # its result file is gone: run the task instead
+            if hit is not None and opts.verify is not None:
+                rejected = self._verify(opts.verify, inst, hit, args, kwargs)
+                if rejected:
+                    hit = None
             if hit is not None:
                 src_run, src_key, chash, kind, data, uri, size = hit
                 inst.hash = chash
@@ -561,7 +575,7 @@ class Runner:
         inst.job = job
         self.jobs[job.id] = inst
         self.inflight += 1
-        self._move(inst, _RUNNING, f"attempt {inst.attempt}")
+        self._move(inst, _RUNNING, f"attempt {inst.attempt}{rejected}")
         if opts.timeout is not None:
             self._timer(time.monotonic() + opts.timeout, "timeout", job.id)
         self.starting.append(job)
@@ -583,7 +597,8 @@ class Runner:
         if self.in_driver or (alone and self.inline_when_alone and job.timeout is None
                               and self.inflight == 1 and not self.ready):
             c = execute(job, self._cancel_seen)
-            if not self.cancelling and self._cancel_seen():
+            self._check_lease()
+            if c.outcome == "cancelled" and not self.cancelling and self._cancel_seen():
                 self._start_cancel("cancel requested")   # running -> cancelling first
             self._on_complete(c)
             return
@@ -717,8 +732,48 @@ class Runner:
         self._commit()
         return RunState.WAITING.value
 
+    def _verify(self, verify: Callable[..., object], inst: Instance, hit: tuple[Any, ...],
+                args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """Check a cache hit of a task with ``verify=``; return why it was rejected, or "".
+
+        Runs in the driver, with the cached result and the task's resolved
+        arguments. Only True accepts; False or an exception rejects (the task
+        then runs, and the reason lands in the ``running`` transition).
+        """
+        src_run, src_key, _, kind, data, uri, _ = hit
+        where = f"{src_run}/{src_key}"
+        try:
+            value = self.store.read_blob(kind, data, uri)
+            ok = verify(value, *args, **kwargs)
+        except Exception as exc:  # user code: a failing check means "not verified"
+            return f"; cache hit rejected by verify: {type(exc).__name__}: {exc} ({where})"
+        if ok is True:
+            inst.value = value      # read once: dependents use it as it is
+            return ""
+        name = getattr(verify, "__qualname__", repr(verify))
+        return f"; cache hit rejected by verify: {name} returned {ok!r} ({where})"
+
     def _cancel_seen(self) -> bool:
+        if self.lease_probe is not None and self.lease is not None \
+                and self.lease_probe(self.lease) is not None:
+            return True     # a driver that lost its lease stops its work
         return self.cancel_event.is_set() or self.store.cancel_requested(self.run_id)
+
+    def _check_lease(self) -> None:
+        """Raise LeaseLostError once the store says this driver lost its lease.
+
+        A store may offer ``lease_lost(lease) -> str | None`` (a cheap, local
+        check: the reason, or None while the lease holds); the runner polls it
+        with its cancel check, so a fenced driver stops dispatching and its
+        in-flight work is cancelled (``executor.shutdown``) without waiting
+        for its next commit to be refused.
+        """
+        if self.lease_probe is not None and self.lease is not None:
+            reason = self.lease_probe(self.lease)
+            if reason is not None:
+                raise LeaseLostError(f"lease lost: {reason}",
+                                     hint=f"the run is driven elsewhere or resumable: "
+                                     f"pipeline status {self.run_id}")
 
     def _timer(self, when: float, kind: str, payload: Any) -> None:
         self.next_timer += 1

@@ -16,7 +16,7 @@ import inspect
 import sys
 import types
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from .approval import Approval, gate_of
@@ -47,6 +47,8 @@ class TaskOptions:
     name: str | None = None
     #: A gate before the task's first attempt (see :mod:`ledgerflow.approval`).
     approve: Approval | None = None
+    #: A check of a cache hit from another run (see :func:`task`).
+    verify: Callable[..., object] | None = None
 
     def delay(self, failures: int, rand: float) -> float:
         """Seconds to wait before the next attempt after ``failures`` failures."""
@@ -255,7 +257,10 @@ class Task(Generic[P, R]):
                 and not getattr(module, "__ledgerflow_file__", None) and getattr(
                 module, getattr(self, "__qualname__", ""), None) is self:
             return str(self.__qualname__)
-        return (Task, (self.fn, self.options))
+        # verify runs in the driver only: a worker never needs it (nor its globals)
+        options = self.options if self.options.verify is None else replace(self.options,
+                                                                            verify=None)
+        return (Task, (self.fn, options))
 
 
 @overload
@@ -266,7 +271,9 @@ def task(*, retries: int = 0, retry_delay: float = 0.0, backoff: float = 1.0,
          retry_on: type[BaseException] | Sequence[type[BaseException]] | None = None,
          cache: bool = True, version: str | None = None,
          name: str | None = None,
-         approve: bool | Approval | None = None) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+         approve: bool | Approval | None = None,
+         verify: Callable[..., object] | None = None,
+         ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
 def task(fn: Callable[P, R] | None = None, /, *, retries: int = 0, retry_delay: float = 0.0,
@@ -274,7 +281,8 @@ def task(fn: Callable[P, R] | None = None, /, *, retries: int = 0, retry_delay: 
          retry_on: type[BaseException] | Sequence[type[BaseException]] | None = None,
          cache: bool = True, version: str | None = None,
          name: str | None = None,
-         approve: bool | Approval | None = None
+         approve: bool | Approval | None = None,
+         verify: Callable[..., object] | None = None,
          ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Make a function a task; use bare or with options.
 
@@ -291,6 +299,13 @@ def task(fn: Callable[P, R] | None = None, /, *, retries: int = 0, retry_delay: 
         name: the task name (default: the function name).
         approve: ask a person before the first attempt: ``True`` or an
             ``Approval(timeout=..., on_timeout="fail"|"reject", approvers=[...])``.
+        verify: for a task whose work is an effect on an outside system (a
+            row in an index, a file): before a new run reuses a cached result
+            of another run, ``verify(result, *args, **kwargs)`` is called in the
+            driver with the task's arguments; the result is reused only if it
+            returns True, else (False, or an exception) the task runs again.
+            Keep it cheap; successes kept by a resume of the same run are not
+            verified again.
 
     Example:
         >>> @task(retries=2)
@@ -308,6 +323,9 @@ def task(fn: Callable[P, R] | None = None, /, *, retries: int = 0, retry_delay: 
     if not 0.0 <= jitter <= 1.0:
         raise DefinitionError(f"jitter must be between 0 and 1, given: {jitter}",
                               hint="jitter is a fraction of the delay, e.g. jitter=0.1")
+    if verify is not None and not callable(verify):
+        raise DefinitionError(f"verify must be a function, given: {verify!r}",
+                              hint="pass verify=fn with fn(result, *args, **kwargs) -> bool")
     if retry_on is None:
         kinds: tuple[type[BaseException], ...] = (Exception,)
     elif isinstance(retry_on, type):
@@ -316,7 +334,8 @@ def task(fn: Callable[P, R] | None = None, /, *, retries: int = 0, retry_delay: 
         kinds = tuple(retry_on)
     options = TaskOptions(retries=retries, retry_delay=retry_delay, backoff=backoff,
                           jitter=jitter, timeout=timeout, retry_on=kinds, cache=cache,
-                          version=version, name=name, approve=gate_of(approve))
+                          version=version, name=name, approve=gate_of(approve),
+                          verify=verify)
 
     def wrap(f: Callable[P, R]) -> Task[P, R]:
         if isinstance(f, Task):

@@ -129,12 +129,14 @@ def iso(ts: float | None) -> str | None:
 def error_text(outcome: str, error_type: str, error_message: str) -> str | None:
     """The one-line error a task row shows for an attempt's outcome (None if ok).
 
-    The DuckDB fold computes the same text in SQL; the store contract keeps
-    them equal.
+    An attempt that stopped at an approval gate (``waiting``) is no error: the
+    task's state says it waits, and if the request is refused, the refusal is
+    the task's error. The DuckDB fold computes the same text in SQL; the store
+    contract keeps them equal.
     """
-    if outcome == "ok":
+    if outcome in ("ok", "waiting"):
         return None
-    if outcome in ("timeout", "lost", "cancelled", "waiting"):
+    if outcome in ("timeout", "lost", "cancelled"):
         return f"{outcome}: {error_message}" if error_message else outcome
     return f"{error_type}: {error_message}" if error_type else error_message
 

@@ -269,6 +269,11 @@ def test_the_guard_lets_libraries_read_about_the_machine_but_not_the_environment
         assert not Path(tmp_path / "missing.txt").exists()
         with pytest.raises(FileNotFoundError):
             open(tmp_path.parent / "never-there.txt")        # probing a missing path
+        tmp_path.mkdir(parents=True, exist_ok=True)      # exists: creates nothing
+        from importlib.metadata import entry_points
+        assert entry_points(group="ledgerflow")             # packages' metadata
         with pytest.raises(PathNotAllowed):
             Path("/proc/self/environ").read_bytes()
-    assert [k for k, _ in g.violations] == ["path_not_allowed"]
+        with pytest.raises(PathNotAllowed):
+            (tmp_path / "new").mkdir()                   # would create: a write
+    assert [k for k, _ in g.violations] == ["path_not_allowed"] * 2

@@ -23,21 +23,30 @@ from ledgerflow import pipeline, task
 
 
 @task
-def noop(x: int = 0) -> int:
+def noop(x: int = 0, salt: int = 0) -> int:
     return x
 
 
 @pipeline
-def chain(n: int):
-    x = noop(0)
+def chain(n: int, salt: int = 0):
+    x = noop(0, salt)
     for _ in range(n - 1):
-        x = noop(x)
+        x = noop(x, salt)
     return x
 
 
 @pipeline
-def fanout(n: int):
-    return noop.map(list(range(n)))
+def fanout(n: int, salt: int = 0):
+    return noop.map(list(range(n)), salt=salt)
+
+
+#: A different ``salt`` per run: no run reuses another's results (cache hits).
+_SALT = [int(time.time())]
+
+
+def next_salt() -> int:
+    _SALT[0] += 1
+    return _SALT[0]
 
 
 def since(start: float) -> float:
@@ -56,8 +65,9 @@ def plain_call_us(n: int = 200_000) -> float:
 
 
 def per_task(pipe: Any, n: int, store: str, executor: str) -> tuple[float, str]:
+    salt = next_salt()
     t = time.perf_counter()
-    run = pipe.run(n=n, store=store, executor=executor, workers=4)
+    run = pipe.run(n=n, salt=salt, store=store, executor=executor, workers=4)
     dt = time.perf_counter() - t
     assert run.state == "succeeded", run.state
     return dt / n * 1e6, run.run_id
@@ -70,7 +80,7 @@ def peak_rss_child(shape: str, n: int, store: str) -> None:
     memory across fork and exec, so a big parent would mask the child.
     """
     pipe = chain if shape == "chain" else fanout
-    run = pipe.run(n=n, store=store, executor="inline")
+    run = pipe.run(n=n, salt=next_salt(), store=store, executor="inline")
     assert run.state == "succeeded", run.state
     status = Path("/proc/self/status").read_text()
     print(next(int(line.split()[1]) for line in status.splitlines()
@@ -78,9 +88,16 @@ def peak_rss_child(shape: str, n: int, store: str) -> None:
 
 
 def _env() -> dict[str, str]:
-    """The environment of child processes: this checkout first on the path."""
+    """The environment of child processes: this checkout first on the path.
+
+    Bytecode is written (a user's installation has it): with
+    PYTHONDONTWRITEBYTECODE set, every child process would compile each
+    changed module again, which is not what start-up costs.
+    """
     path = [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
 
 
 def _first_release() -> bool:
@@ -149,66 +166,68 @@ def slope(points: list[tuple[int, float]]) -> tuple[float, float]:
     return b * 1e6, my - b * mx
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="1k and 10k tasks only")
-    ap.add_argument("--out", default="perf-results.json")
-    ap.add_argument("--rss-child", nargs=3, metavar=("SHAPE", "N", "STORE"),
-                    help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.rss_child:
-        shape, n, store = args.rss_child
-        peak_rss_child(shape, int(n), store)
-        return
-    sizes = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000]
-    tmp = Path(tempfile.mkdtemp(prefix="lf-perf-"))
-    plain = plain_call_us()
-    rows: list[dict[str, Any]] = []
+class Table:
+    """The figures of one benchmark run, each with its baseline and the ratio to it."""
 
-    def add(figure: str, value: float, unit: str, target: str, ratio: bool = True) -> None:
-        rows.append({"figure": figure, "value": round(value, 3), "unit": unit,
-                     "target": target,
-                     "x_plain_call": round(value / plain, 1) if ratio else None})
-        print(f"{figure:<48} {value:>12.3f} {unit:<4} target {target:<10}"
-              + (f" {value / plain:>10.0f}x plain" if ratio else ""), flush=True)
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
 
-    add("plain Python call", plain, "us", "-")
-    per_task(chain, 50, "memory:warm-up", "inline")     # imports, code versions
-    seconds: dict[str, list[tuple[int, float]]] = {}
-    for n in sizes:
-        for shape, pipe in (("chain", chain), ("fan-out", fanout)):
-            mem, _ = per_task(pipe, n, f"memory:{shape}-{n}", "inline")
-            add(f"{shape} {n} memory inline per task", mem, "us", "<= 15")
-            seconds.setdefault(f"{shape} memory inline", []).append((n, mem * n / 1e6))
-            for executor, limit in (("inline", "50"), ("threads", "100")):
-                store = str(tmp / f"{shape}-{executor}-{n}.duckdb")
-                per_task(pipe, 50, store, executor)       # the ledger file exists already
-                us, _ = per_task(pipe, n, store, executor)
-                add(f"{shape} {n} duckdb {executor} per task (x{us / mem:.1f} memory)", us,
-                    "us", f"<= {limit}")
-                seconds.setdefault(f"{shape} duckdb {executor}", []).append((n, us * n / 1e6))
-    add("journal append (encode + write), one task's 7 records a commit", journal_append_us(tmp),
-        "us", "-")
-    # linear growth: the slope of a least-squares line through the run times
-    for name, points in seconds.items():
-        per, fixed = slope(points)
-        add(f"slope {name}, {sizes[0]}-{sizes[-1]} tasks (fixed {fixed * 1e3:.0f} ms)", per,
-            "us", "linear")
-    # resident memory: peak of a whole process, above the peak of a 1-task run
-    base = peak_rss_kib("chain", 1, str(tmp / "rss-base.duckdb"))
-    n = sizes[-1]
-    for shape in ("chain", "fan-out"):
-        kib = peak_rss_kib(shape, n, str(tmp / f"rss-{shape}.duckdb"))
-        # the target is per task at scale: at 10k the fold's fixed ~50 MB dominates
-        add(f"peak RSS per task above a 1-task run ({n} {shape}, duckdb inline)",
-            (kib - base) * 1024 / n, "B", "< 2048" if n >= 100_000 else "-", ratio=False)
-    # ledger size, resume with one task left
-    n = sizes[-1]
-    store = str(tmp / "resume.duckdb")
-    us, run_id = per_task(chain, n, store, "inline")
-    size = os.path.getsize(store) + sum(f.stat().st_size for f in Path(store + ".d").rglob("*")
-                                        if f.is_file())
-    add(f"ledger bytes per task ({n} chain)", size / n, "B", "< 1024", ratio=False)
+    def add(self, figure: str, value: float, unit: str, *, baseline: str = "",
+            base: float | None = None, target: str = "-", diff: bool = False) -> None:
+        """One figure; ``base``: the baseline's value in the same run (``diff``: show
+        ``value - base`` instead of the ratio)."""
+        ratio = None
+        shown = ""
+        if base:
+            if diff:
+                ratio = value - base
+                shown = f"{ratio:+.3f} {unit}"
+            else:
+                ratio = value / base
+                shown = f"{ratio:.2f}x"
+        self.rows.append({"figure": figure, "value": round(value, 3), "unit": unit,
+                          "baseline": baseline, "baseline_value":
+                          None if base is None else round(base, 3),
+                          "ratio": None if ratio is None else round(ratio, 3),
+                          "target": target})
+        print(f"{figure:<58} {shown:>10}  {value:>11.3f} {unit:<3} "
+              f"{'vs ' + baseline if baseline else '':<34} target {target}", flush=True)
+
+
+def _hamilton(n: int, shape: str, repeat: int) -> float | None:
+    from tests.perf import peers
+    if not peers.installed("hamilton"):
+        return None
+    return min(peers.hamilton(shape, n)[0] for _ in range(repeat))
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def million_child(shape: str, n: int, store: str) -> None:
+    """Run one big pipeline here; print its seconds and this process's peak RSS (KiB)."""
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    pipe = chain if shape == "chain" else fanout
+    t = time.perf_counter()
+    run = pipe.run(n=n, salt=next_salt(), store=store, executor="inline")
+    dt = time.perf_counter() - t
+    assert run.state == "succeeded", run.state
+    status = Path("/proc/self/status").read_text()
+    hwm = next(int(line.split()[1]) for line in status.splitlines()
+               if line.startswith("VmHWM:"))
+    print(f"{dt} {hwm} {run.run_id}")
+
+
+def _child(args: list[str]) -> list[str]:
+    out = subprocess.run([sys.executable, "-m", "tests.perf", *args], check=True, env=_env(),
+                         capture_output=True, text=True).stdout
+    return out.split()[-3:]
+
+
+def _fail_last(store: str, run_id: str) -> None:
+    """Mark the run's last task failed (so a resume has one task left)."""
     import duckdb
     con = duckdb.connect(store)
     last = con.execute("SELECT task_key FROM tasks WHERE run_id = ? ORDER BY position DESC, "
@@ -217,43 +236,209 @@ def main() -> None:
                 [run_id, last])
     con.execute("UPDATE runs SET state = 'failed' WHERE run_id = ?", [run_id])
     con.close()
-    env = _env()
-    target = f"{Path(__file__).resolve()}:chain"
+
+
+def _cli(*argv: str) -> float:
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "ledgerflow", *argv], check=True, env=_env(),
+                   stdout=subprocess.DEVNULL)
+    return since(t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="1k and 10k tasks only")
+    ap.add_argument("--million", action="store_true",
+                    help="also the 1,000,000-task chain and fan-out (DuckDB inline, minutes)")
+    ap.add_argument("--no-peers", action="store_true", help="skip Hamilton, DBOS, Dask")
+    ap.add_argument("--repeat", type=int, default=0,
+                    help="runs per figure, the median kept (default 3, --quick 1)")
+    ap.add_argument("--out", default="perf-results.json")
+    ap.add_argument("--rss-child", nargs=3, metavar=("SHAPE", "N", "STORE"),
+                    help=argparse.SUPPRESS)
+    ap.add_argument("--million-child", nargs=3, metavar=("SHAPE", "N", "STORE"),
+                    help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.rss_child:
+        shape, n, store = args.rss_child
+        peak_rss_child(shape, int(n), store)
+        return
+    if args.million_child:
+        shape, n, store = args.million_child
+        million_child(shape, int(n), store)
+        return
+    from tests.perf import peers
+    repeat = args.repeat or (1 if args.quick else 3)
+    sizes = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000]
+    tmp = Path(tempfile.mkdtemp(prefix="lf-perf-"))
+    mach = {**peers.machine(), "python": platform.python_version(),
+            "platform": platform.platform()}
+    print(f"machine: {mach['cpu']}, {mach['cores']} cores, load {mach['load_1min']:.1f}, "
+          f"Python {mach['python']}, {mach['platform']}", flush=True)
+    tab = Table()
+    plain = plain_call_us()
+    tab.add("plain Python call", plain, "us")
+    per_task(chain, 50, "memory:warm-up", "inline")     # imports, code versions
+    peers_on = not args.no_peers
+    ham: dict[tuple[str, int], float | None] = {}
+    seconds: dict[str, list[tuple[int, float]]] = {}
+    per: dict[tuple[str, str, int], float] = {}
+    for n in sizes:
+        for shape, pipe in (("chain", chain), ("fan-out", fanout)):
+            h = _hamilton(n, shape, repeat) if peers_on else None
+            ham[shape, n] = h
+            if h is not None:
+                tab.add(f"Hamilton {shape} {n}, execute, per task", h, "us")
+            mem = _median([per_task(pipe, n, f"memory:{shape}-{n}-{i}", "inline")[0]
+                           for i in range(repeat)])
+            per["memory inline", shape, n] = mem
+            tab.add(f"memory inline {shape} {n}, per task", mem, "us",
+                    baseline=f"Hamilton {shape} {n}" if h else "", base=h,
+                    target="<= 0.7x" if h else "-")
+            seconds.setdefault(f"{shape} memory inline", []).append((n, mem * n / 1e6))
+            for executor, limit in (("inline", "2"), ("threads", "2.5")):
+                store = str(tmp / f"{shape}-{executor}-{n}.duckdb")
+                per_task(pipe, 50, store, executor)       # the ledger file exists already
+                us = _median([per_task(pipe, n, store, executor)[0] for _ in range(repeat)])
+                per[f"duckdb {executor}", shape, n] = us
+                tab.add(f"duckdb {executor} {shape} {n}, per task", us, "us",
+                        baseline=f"Hamilton {shape} {n}" if h else "", base=h,
+                        target=f"<= {limit}x" if h else "-")
+                seconds.setdefault(f"{shape} duckdb {executor}", []).append((n, us * n / 1e6))
+    # fixed costs: a 1,000-task run against the 10k per-task figure
+    for key in sorted(k for k in per if k[2] == 1_000):
+        name, shape, _ = key
+        big = per.get((name, shape, 10_000))
+        if name.startswith("duckdb") and big:
+            tab.add(f"{name} {shape} 1000 per task (fixed costs included)", per[key], "us",
+                    baseline="the 10k per-task figure", base=big, target="<= 1.5x")
+    # DBOS: durable, one SQLite checkpoint per step (1k steps; --quick: 100)
+    if peers_on and peers.installed("dbos"):
+        m = 100 if args.quick else 1_000
+        dbos = peers.dbos([("chain", m), ("fan-out", m)])
+        for shape in ("chain", "fan-out"):
+            ours = per["duckdb inline", shape, 1_000]
+            tab.add(f"DBOS {shape} {m}, per task", dbos[shape, m], "us")
+            tab.add(f"duckdb inline {shape} 1000: times faster than DBOS {shape} {m}",
+                    dbos[shape, m] / ours, "x", target=">= 100")
+    tab.add("journal append (encode + write), one task's 7 records a commit",
+            journal_append_us(tmp), "us")
+    for name, points in seconds.items():
+        slope_us, fixed = slope(points)
+        tab.add(f"slope {name}, {sizes[0]}-{sizes[-1]} tasks (fixed {fixed * 1e3:.0f} ms)",
+                slope_us, "us", target="linear")
+    # resident memory: peak of a whole process, above the peak of a 1-task run
+    base = peak_rss_kib("chain", 1, str(tmp / "rss-base.duckdb"))
+    n = sizes[-1]
+    for shape in ("chain", "fan-out"):
+        kib = peak_rss_kib(shape, n, str(tmp / f"rss-{shape}.duckdb"))
+        tab.add(f"peak RSS above a 1-task run, {n} {shape}, duckdb inline, per task",
+                (kib - base) * 1024 / n, "B", target="< 2048" if n >= 100_000 else "-")
+    # ledger size, status, resume with one task left (of the largest chain)
+    store = str(tmp / "resume.duckdb")
+    t = time.perf_counter()
+    _, run_id = per_task(chain, n, store, "inline")
+    run_s = since(t)
+    size = os.path.getsize(store) + sum(f.stat().st_size for f in Path(store + ".d").rglob("*")
+                                        if f.is_file())
+    tab.add(f"ledger bytes per task ({n} chain)", size / n, "B", target="< 1024")
+    # warm-up, untimed: the CLI and every plugin imported once (bytecode written)
+    subprocess.run([sys.executable, "-m", "ledgerflow", "plugins"], check=True, env=_env(),
+                   stdout=subprocess.DEVNULL)
+    t = time.perf_counter()
+    ledgerflow.get_run(run_id, store=store).status()
+    tab.add(f"status of a {n}-task run (in process)", since(t), "s",
+            target="< 0.5" if n >= 100_000 else "-")
+    tab.add(f"pipeline status, {n}-task run (whole process)",
+            _cli("status", run_id, "--store", store), "s",
+            target="< 0.5" if n >= 100_000 else "-")
+    _fail_last(store, run_id)
     t = time.perf_counter()
     ledgerflow.plan_resume(run_id, store=store)
-    add(f"resume --plan, {n}-task run, one left (in process)", since(t), "s",
-        "< 1", ratio=False)
-    t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "ledgerflow", "resume", run_id, "--plan", "--store",
-                    store], check=True, env=env, stdout=subprocess.DEVNULL)
-    add(f"pipeline resume --plan, {n}-task run, one left", since(t), "s",
-        "< 1", ratio=False)
-    t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "ledgerflow", "resume", run_id, "--store", store,
-                    "--executor", "inline"], check=True, env=env, stdout=subprocess.DEVNULL)
-    add(f"pipeline resume, {n}-task run, one left", since(t), "s", "< 3",
-        ratio=False)
+    tab.add(f"resume --plan, {n}-task run, one left (in process)", since(t), "s",
+            baseline=f"its run ({run_s:.2f} s)", base=run_s)
+    tab.add(f"pipeline resume --plan, {n}-task run, one left",
+            _cli("resume", run_id, "--plan", "--store", store), "s",
+            baseline=f"its run ({run_s:.2f} s)", base=run_s)
+    tab.add(f"pipeline resume, {n}-task run, one left",
+            _cli("resume", run_id, "--store", store, "--executor", "inline"), "s",
+            baseline=f"its run ({run_s:.2f} s)", base=run_s)
+    if args.million:
+        _million(tab, tmp, per, base)
     # graph building
     for m in sizes:
         t = time.perf_counter()
         chain.build(n=m)
-        add(f"trace a {m}-call pipeline body", since(t), "s",
-            "< 1" if m == 100_000 else "-", ratio=False)
+        tab.add(f"trace a {m}-call pipeline body", since(t), "s",
+                target="< 1" if m == 100_000 else "-")
     # start-up
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import ledgerflow"], check=True, env=env)
-    add("import ledgerflow (process)", since(t), "s", "< 0.3", ratio=False)
+    subprocess.run([sys.executable, "-c", "pass"], check=True, env=_env())
+    bare = since(t)
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "ledgerflow", "run", target, "-p", "n=100",
-                    "--store", str(tmp / "startup.duckdb"), "--json"], check=True, env=env,
-                   stdout=subprocess.DEVNULL)
-    add("pipeline run, 100 tasks, whole process", since(t), "s", "< 0.5",
-        ratio=False)
-    doc = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                       "platform": platform.platform()}, "rows": rows}
+    subprocess.run([sys.executable, "-c", "import ledgerflow"], check=True, env=_env())
+    tab.add("import ledgerflow (process)", since(t), "s", target="< 0.3")
+    target = f"{Path(__file__).resolve()}:chain"
+    startup = _median([_cli("run", target, "-p", "n=100", "-p", f"salt={next_salt()}",
+                            "--store", str(tmp / "startup.duckdb"), "--json")
+                       for _ in range(3)])
+    tab.add("pipeline run, 100 tasks, whole process", startup, "s",
+            baseline=f"python -c pass ({bare:.3f} s)", base=bare, diff=True,
+            target="<= +0.3 s")
+    if peers_on and peers.installed("distributed"):
+        _dask(tab, tmp, 1_000 if args.quick else 10_000)
+    doc = {"machine": mach, "rows": tab.rows}
     Path(args.out).write_text(json.dumps(doc, indent=2))
     print(f"wrote {args.out}")
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _million(tab: Table, tmp: Path, per: dict[tuple[str, str, int], float],
+             base_kib: int) -> None:
+    """The 1,000,000-task chain and fan-out on DuckDB inline, each in its own process."""
+    m = 1_000_000
+    for shape in ("chain", "fan-out"):
+        store = str(tmp / f"million-{shape}.duckdb")
+        secs, kib, run_id = _child(["--million-child", shape, str(m), store])
+        us = float(secs) / m * 1e6
+        tab.add(f"duckdb inline {shape} {m}, per task", us, "us",
+                baseline="the 10k figure", base=per["duckdb inline", shape, 10_000],
+                target="<= 1.1x")
+        tab.add(f"peak RSS above a 1-task run, {m} {shape}, per task",
+                (int(kib) - base_kib) * 1024 / m, "B", target="<= 1024")
+        if shape == "chain":
+            run_s = float(secs)
+            t = time.perf_counter()
+            ledgerflow.get_run(run_id, store=store).status()
+            tab.add(f"status of a {m}-task run (in process)", since(t), "s")
+            _fail_last(store, run_id)
+            tab.add(f"pipeline resume --plan, {m}-task run, one left",
+                    _cli("resume", run_id, "--plan", "--store", store), "s",
+                    baseline=f"its run ({run_s:.0f} s)", base=run_s, target="<= 0.02x")
+            tab.add(f"pipeline resume, {m}-task run, one left",
+                    _cli("resume", run_id, "--store", store, "--executor", "inline"), "s",
+                    baseline=f"its run ({run_s:.0f} s)", base=run_s, target="<= 0.05x")
+        shutil.rmtree(store + ".d", ignore_errors=True)
+        Path(store).unlink(missing_ok=True)
+
+
+def _dask(tab: Table, tmp: Path, n: int) -> None:
+    """The ``dask`` executor against raw ``distributed`` on the same 2-worker cluster."""
+    from tests.perf import peers
+    cluster, client = peers.dask_cluster(2)
+    try:
+        peers.raw_distributed(client, "fan-out", 100)          # warm-up
+        peers.ledgerflow_dask(client, fanout, 100, str(tmp / "dask.duckdb"), next_salt())
+        raw = _median([peers.raw_distributed(client, "fan-out", n) for _ in range(3)])
+        tab.add(f"raw distributed fan-out {n}, 2 workers, per task", raw, "us")
+        ours = _median([peers.ledgerflow_dask(client, fanout, n, str(tmp / "dask.duckdb"),
+                                             next_salt())
+                        for _ in range(3)])
+        tab.add(f"dask executor fan-out {n}, 2 workers, per task", ours, "us",
+                baseline=f"raw distributed fan-out {n}", base=raw, target="<= 1.5x")
+    finally:
+        client.close()
+        cluster.close()
 
 
 if __name__ == "__main__":

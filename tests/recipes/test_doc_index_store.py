@@ -302,3 +302,27 @@ def test_bulk_writer_matches_single_writes(tmp_path: Path) -> None:
     columns = "doc_id, position, content_hash, text, embedding, n_terms"
     assert rows(one, columns) == rows(bulk, columns)
     _consistent(bulk)
+
+
+def test_the_index_file_lock_queues_processes(tmp_path: Path, monkeypatch) -> None:
+    """Another process holding INDEX.lock (filelock) is waited for, up to the timeout."""
+    index = tmp_path / "i.duckdb"
+    store.write_document(index, make_table("a.txt", TEXTS))
+    monkeypatch.setenv("LEDGERFLOW_INDEX_LOCK_TIMEOUT", "0.3")
+    holder_code = ("import filelock, sys, time; lock = filelock.FileLock(sys.argv[1]); "
+                   "lock.acquire(); print('held', flush=True); sys.stdin.readline()")
+    with subprocess.Popen([sys.executable, "-c", holder_code, f"{index}.lock"],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as holder:
+        assert holder.stdout is not None and holder.stdin is not None
+        try:
+            assert holder.stdout.readline().strip() == "held"
+            with pytest.raises(store.IndexLockedError, match="could not lock") as err:
+                store.write_document(index, make_table("b.txt", TEXTS))
+            assert "LEDGERFLOW_INDEX_LOCK_TIMEOUT" in err.value.hint
+            assert len(rows(index)) == 3          # nothing was written meanwhile
+        finally:
+            holder.stdin.write("release\n")
+            holder.stdin.flush()
+    store.write_document(index, make_table("b.txt", TEXTS))   # free again
+    assert len(rows(index)) == 6
+

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import time
 import types
@@ -24,6 +25,7 @@ import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from zlib import crc32
 
 import duckdb
 
@@ -148,8 +150,8 @@ _SUMMARIES: dict[str, tuple[str, str]] = {
               budget_base = coalesce(e.budget_base, tasks.budget_base)"""),
     # the error text: ledgerflow.views.error_text in SQL
     "A": ("""SELECT task_key, max(attempt) AS attempts,
-                    arg_max_null(CASE WHEN outcome = 'ok' THEN NULL
-                         WHEN outcome IN ('timeout', 'lost', 'cancelled', 'waiting') THEN
+                    arg_max_null(CASE WHEN outcome IN ('ok', 'waiting') THEN NULL
+                         WHEN outcome IN ('timeout', 'lost', 'cancelled') THEN
                              CASE WHEN coalesce(error_message, '') = '' THEN outcome
                                   ELSE outcome || ': ' || error_message END
                          WHEN coalesce(error_type, '') = '' THEN error_message
@@ -183,23 +185,88 @@ _ERROR: dict[tuple[bool, bool], str] = {
 }
 
 
-def _task_update(kinds: list[str]) -> str:
-    """One UPDATE of ``tasks`` from the batch's events, attempts and results."""
+def _task_update(kinds: list[str], *, skip_new: bool = False) -> str:
+    """One UPDATE of ``tasks`` from the batch's events, attempts and results.
+
+    ``skip_new``: leave out the tasks of ``lf_t`` (created in this batch, inserted
+    with their state already by :func:`_task_insert`).
+    """
     keys = " UNION ".join(f"SELECT task_key FROM lf_{k.lower()}" for k in kinds)
+    if skip_new:
+        keys = f"SELECT task_key FROM ({keys}) EXCEPT SELECT task_key FROM lf_t"
     joins = " ".join(f"LEFT JOIN ({_SUMMARIES[k][0]}) {k.lower()} "
                      f"ON {k.lower()}.task_key = k.task_key" for k in kinds)
-    counts = ", ".join(f"coalesce({k.lower()}.attempts, 0)" for k in kinds if k != "R")
-    sets = ", ".join(_SUMMARIES[k][1] for k in kinds if k != "A")
-    if "A" in kinds or "E" in kinds:
-        sets += ", " + _ERROR[("A" in kinds, "E" in kinds)]
-    if counts:
-        sets += f", attempts = greatest(tasks.attempts, {counts})"
-    return (f"UPDATE tasks SET {sets} FROM ({keys}) k {joins} "
+    return (f"UPDATE tasks SET {_task_sets(kinds)} FROM ({keys}) k {joins} "
             f"WHERE tasks.run_id = ? AND tasks.task_key = k.task_key")
 
 
-def _tag_bytes(tag: str) -> bytes:
-    return b'["' + tag.encode() + b'",'
+def _task_sets(kinds: list[str]) -> str:
+    """The ``SET`` list of the task update for a batch holding ``kinds`` (of E, A, R)."""
+    counts = ", ".join(f"coalesce({k.lower()}.attempts, 0)" for k in kinds if k != "R")
+    sets = ", ".join(_SUMMARIES[k][1] for k in kinds if k != "A")
+    if "A" in kinds or "E" in kinds:
+        sets = ", ".join(s for s in (sets, _ERROR[("A" in kinds, "E" in kinds)]) if s)
+    if counts:
+        sets += f", attempts = greatest(tasks.attempts, {counts})"
+    return sets
+
+
+#: What a task row holds when it is created (``tasks.X`` in :func:`_task_sets` for a
+#: task created in the same batch).
+_NEW_TASK = {"state": "'pending'", "attempts": "0", "budget_base": "0"}
+_TASK_STATE_COLUMNS = ("state", "attempts", "budget_base", "started_at", "ended_at", "error",
+                       "fingerprint", "result_hash", "result_kind", "result_data",
+                       "result_uri", "result_size", "cached_from", "result_attempt")
+
+
+def _task_insert(kinds: list[str]) -> str:
+    """One INSERT of the tasks created in this batch (``lf_t``), with the state the
+    batch's events, attempts and results leave them in: the same expressions as
+    :func:`_task_update`, applied to a row as created (one write a task, not two)."""
+    joins = " ".join(f"LEFT JOIN ({_SUMMARIES[k][0]}) {k.lower()} "
+                     f"ON {k.lower()}.task_key = t.task_key" for k in kinds)
+    exprs: dict[str, str] = {}
+    if kinds:
+        for item in _split_sets(_task_sets(kinds)):
+            col, expr = item.split(" = ", 1)
+            exprs[col.strip()] = re.sub(r"\btasks\.(\w+)",
+                                        lambda m: _NEW_TASK.get(m.group(1), "NULL"), expr)
+    values = ", ".join(exprs.get(c, _NEW_TASK.get(c, "NULL")) for c in _TASK_STATE_COLUMNS)
+    return ("INSERT INTO tasks (run_id, task_key, task_name, node, item_key, position, "
+            f"upstream, code_version, {', '.join(_TASK_STATE_COLUMNS)}) "
+            "SELECT ?, t.task_key, t.task_name, t.node, t.item_key, t.position, t.upstream, "
+            f"t.code_version, {values} FROM lf_t t {joins} ORDER BY t.i")
+
+
+def _split_sets(sets: str) -> list[str]:
+    """``a = x, b = f(y, z)`` -> ``["a = x", "b = f(y, z)"]`` (commas inside parentheses,
+    CASE ... END and quotes stay)."""
+    out: list[str] = []
+    depth = 0
+    quoted = False
+    start = 0
+    words = re.compile(r"\b(CASE|END)\b")
+    for i, ch in enumerate(sets):
+        if ch == "'":
+            quoted = not quoted
+        elif quoted:
+            continue
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "," and depth == 0 and _case_depth(words, sets[start:i]) == 0:
+            out.append(sets[start:i].strip())
+            start = i + 1
+    out.append(sets[start:].strip())
+    return [o for o in out if o]
+
+
+def _case_depth(words: re.Pattern[str], text: str) -> int:
+    depth = 0
+    for m in words.finditer(text):
+        depth += 1 if m.group(1) == "CASE" else -1
+    return depth
 
 
 def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> None:
@@ -211,13 +278,9 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> Non
     """
     # every line is a JSON array and JSON text never holds a raw newline, so
     # "]\n[" occurs only between lines: joining the arrays is one replace
-    padded = b"\n" + body + b"\n"
-    if b"\n[]\n" in padded or b"\n\n" in padded:     # rare: empty commits or lines
+    if body.startswith((b"\n", b"[]")) or body.endswith((b"\n", b"[]")) \
+            or b"\n\n" in body or b"\n[]\n" in body:     # rare: empty commits or lines
         body = b"\n".join(ln for ln in body.split(b"\n") if ln not in (b"", b"[]")) or b"[]"
-    del padded
-    # every record starts '["K",' (K its kind): a kind absent from the bytes is absent
-    # (a false positive, from text inside a string, only costs an empty statement)
-    kinds = {k for k in KINDS if _tag_bytes(k) in body}
     scratch.parent.mkdir(parents=True, exist_ok=True)
     scratch.write_bytes(body.replace(b"]\n[", b","))
     del body
@@ -227,19 +290,14 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> Non
                     "columns={'json': 'VARCHAR[]'})", [str(scratch)])
     finally:
         scratch.unlink(missing_ok=True)
+    # the kinds present, asked of DuckDB (which works without the GIL: scanning the
+    # bytes here would hold up a driver thread of this process)
+    kinds = {k for (k,) in con.execute("SELECT DISTINCT r[1] FROM lf_raw").fetchall()}
     # the lf_* temp tables are replaced by the next batch and go with the connection
     small = [r for (r,) in con.execute(
         "SELECT r FROM lf_raw WHERE r[1] IN ('D', 'H', 'S') ORDER BY rowid").fetchall()] \
         if kinds & {"D", "H", "S"} else []
     _insert_run_records(con, run_id, token, small)
-    if "T" in kinds:
-        # no primary key on tasks: DuckDB keeps ART indexes in memory, ~2 KB a row
-        con.execute("INSERT INTO tasks (run_id, task_key, task_name, node, item_key, "
-                    "position, upstream, code_version, state, attempts, budget_base) "
-                    "SELECT ?, task_key, task_name, node, item_key, position, upstream, "
-                    f"code_version, 'pending', 0, 0 FROM ({stage_sql(TaskCreated)}) "
-                    "WHERE task_key NOT IN (SELECT task_key FROM tasks WHERE run_id = ?)",
-                    [run_id, run_id])
     staged = [k for k in _STAGED if k in kinds]
     for k in staged:
         con.execute(f"CREATE OR REPLACE TEMP TABLE lf_{k.lower()} AS {stage_sql(_STAGED[k])}")
@@ -249,8 +307,16 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> Non
     if "E" in kinds:
         con.execute("UPDATE runs SET max_seq = greatest(coalesce(max_seq, 0), "
                     "(SELECT max(seq) FROM lf_e)) WHERE run_id = ?", [run_id])
+    if "T" in kinds:
+        # no primary key on tasks: DuckDB keeps ART indexes in memory, ~2 KB a row.
+        # Tasks created in this batch are inserted in the state the batch leaves them
+        # (one write a task); the others are updated below.
+        con.execute(f"CREATE OR REPLACE TEMP TABLE lf_t AS SELECT * FROM "
+                    f"({stage_sql(TaskCreated)}) WHERE task_key NOT IN "
+                    "(SELECT task_key FROM tasks WHERE run_id = ?)", [run_id])
+        con.execute(_task_insert(staged), [run_id])
     if staged:
-        con.execute(_task_update(staged), [run_id])
+        con.execute(_task_update(staged, skip_new="T" in kinds), [run_id])
     for tag, kind in KINDS.items():     # the other kinds that append rows
         if kind.TABLE and tag in kinds and tag not in _STAGED:
             con.execute(_append_sql(kind, f"({stage_sql(kind)})"),
@@ -411,6 +477,16 @@ def _before(body: bytes, end: int, cut: int) -> bytes:
 
 def _verified(path: Path, body: bytes, end: int) -> tuple[bytes, int, Damage | None]:
     """The JSON of ``body``'s lines up to the first that fails its checksum."""
+    # the usual case, every line framed and intact, in as few Python steps a line as
+    # possible (a background fold's Python work holds the GIL the driver wants back)
+    lines = body.split(b"\n")
+    try:
+        if all(ln[-9:-8] == b"\t" and int(ln[-8:], 16) == crc32(ln[:-9])
+               for ln in lines if ln):
+            return b"\n".join([ln[:-9] for ln in lines if ln]), end, None
+    except ValueError:
+        pass
+    del lines
     out: list[bytes] = []
     pos = end - len(body) - 1
     for line in body.split(b"\n"):
@@ -463,8 +539,8 @@ class BackgroundFold:
 
     def wrote(self, n: int) -> None:
         self.pending += n
-        if self.pending >= self.policy.wake_bytes:
-            self._wake.set()
+        if self.pending >= self.policy.wake_bytes and not self._wake.is_set():
+            self._wake.set()     # once: setting a set Event takes its lock every time
 
     def _run(self) -> None:
         policy = self.policy

@@ -24,8 +24,9 @@ from .guard import guard
 from .params import convert_params
 from .render import dumps, out, progress_for, summary
 
-STORE = click.option("--store", envvar="LEDGERFLOW_STORE", metavar="PATH",
-                     help="Ledger file [env LEDGERFLOW_STORE; default .ledgerflow/ledger.duckdb].")
+STORE = click.option("--store", envvar="LEDGERFLOW_STORE", metavar="PATH|URL",
+                     help="Ledger file, or a postgresql:// URL [env LEDGERFLOW_STORE; "
+                     "default .ledgerflow/ledger.duckdb].")
 JSON = click.option("--json", "as_json", is_flag=True, envvar="LEDGERFLOW_JSON",
                     help="Print JSON instead of a table [env LEDGERFLOW_JSON].")
 EXECUTOR = click.option("--executor", envvar="LEDGERFLOW_EXECUTOR", metavar="NAME",
@@ -207,6 +208,33 @@ def run(target: str, params: tuple[str, ...], store: str | None, executor: str |
                          logs=logs or None, wait_approvals=wait_approvals or None)
 
     _finish(_drive(start, as_json), as_json)
+
+
+@main.command()
+@click.argument("target")
+@click.option("-p", "--param", "params", multiple=True, metavar="KEY=VALUE",
+              help="A pipeline parameter, converted by its type annotation.")
+@STORE
+@JSON
+@guard
+def submit(target: str, params: tuple[str, ...], store: str | None, as_json: bool) -> None:
+    """Record a run without driving it: a worker or `pipeline resume` drives it.
+
+    The run is validated first and recorded ``submitted``; ``pipeline worker``
+    (PostgreSQL store) claims it, or ``pipeline resume RUN_ID`` drives it here.
+
+    \b
+    Example:
+      pipeline submit flows.py -p n=10 --store postgresql://db.example/ledger
+    """
+    pipe = api.load_target(target)
+    values = convert_params(pipe, params)
+    run_id = api.submit(target, params=values, store=store)
+    if as_json:
+        out(dumps({"run_id": run_id, "pipeline": pipe.name, "state": RunState.SUBMITTED.value}))
+    else:
+        out(f"run {run_id}  pipeline {pipe.name}  submitted")
+        out(f"drive it: pipeline worker --store ...   or: pipeline resume {run_id}")
 
 
 @main.command()
