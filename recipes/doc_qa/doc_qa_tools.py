@@ -3,8 +3,8 @@
 Each is a plain typed function with declared permissions:
 
 * ``search_index(query)`` reads the index file (``Arg("index")``; it also
-  takes the index's lock file, ``INDEX.lock``) with the doc_index recipe's
-  own ``search`` (hybrid: BM25 + vectors); each hit is one line
+  takes the index's lock file, ``INDEX.lock``) with ``ledgerflow_docindex``'s
+  ``search`` (hybrid: BM25 + vectors), as ``pipeline search`` does; each hit is one line
   ``[DOC#POSITION] text``, the bracket being the citation;
 * ``read_document(path)`` reads one document, inside the corpus root only;
 * ``save_answer(path, text)`` writes a file inside the answers folder only
@@ -14,19 +14,13 @@ Each is a plain typed function with declared permissions:
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import msgspec
 
 from ledgerflow_agents import Arg, tool
-
-_DOC_INDEX = str(Path(__file__).resolve().parent.parent / "doc_index")
-if _DOC_INDEX not in sys.path:
-    sys.path.insert(0, _DOC_INDEX)
-
-from doc_index_search import search  # noqa: E402  (the doc_index recipe's search function)
+from ledgerflow_docindex.search import search
 
 #: Longest document text handed to the model (a small model has a small context).
 READ_LIMIT = 2000

@@ -13,10 +13,9 @@ from typing import Any
 import pytest
 from doc_index_testutil import rows
 
-RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "doc_qa" / "pipeline.py"
-sys.path.insert(0, str(RECIPE.parents[1] / "doc_index"))
+from ledgerflow_docindex.search import search
 
-from doc_index_search import search  # noqa: E402
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "doc_qa" / "pipeline.py"
 
 CITED = "licenses/apache-2.0.txt#7"      # what the bundled mock script's answer cites
 
