@@ -159,7 +159,7 @@ def agent_task(fn: Callable[..., object] | None = None, /, *, model: str | ChatM
         call_retries: extra tries of a model call after a timeout or a
             malformed answer, within the attempt.
         max_result_chars: longest tool result shown to the model (cut after).
-        cite: a regular expression whose first group finds citable ids in tool
+        cite: a regular expression with one group that finds citable ids in tool
             results (e.g. ``r"\\[([^\\]]+#\\d+)\\]"``); once some were found, the
             request asks the final answer to cite one of them
             (``ModelRequest.cite_from``), which providers that constrain
@@ -191,6 +191,15 @@ def agent_task(fn: Callable[..., object] | None = None, /, *, model: str | ChatM
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
         raise DefinitionError(f"max_steps must be a positive whole number, given: "
                               f"{max_steps!r}", hint="e.g. max_steps=8")
+    if cite is not None:
+        try:
+            groups = re.compile(cite).groups
+        except (re.error, TypeError) as exc:
+            raise DefinitionError(f"cite={cite!r} is not a regular expression: {exc}",
+                                  hint=r'e.g. cite=r"\[([^\]]+#\d+)\]"') from exc
+        if groups != 1:
+            raise DefinitionError(f"cite={cite!r} needs exactly one group (the id), "
+                                  f"it has {groups}", hint=r'e.g. cite=r"\[([^\]]+#\d+)\]"')
     if isinstance(approve, str):
         approve = [approve]
     check_key(key)

@@ -389,6 +389,10 @@ def test_bad_declarations_are_clear_errors_at_decoration(monkeypatch) -> None:
         agent_task(model=mock, budget=Budget(usd=1.0))(_prompt)
     with pytest.raises(DefinitionError, match="has no parameter 'out'"):
         agent_task(model=mock, tools=[save])(_prompt)
+    with pytest.raises(DefinitionError, match="not a regular expression"):
+        agent_task(model=mock, cite="[unclosed")(_prompt)
+    with pytest.raises(DefinitionError, match="exactly one group"):
+        agent_task(model=mock, cite=r"(\w+)#(\d+)")(_prompt)
 
 
 def test_bad_declarations_exit_2_from_the_cli(tmp_path: Path) -> None:
