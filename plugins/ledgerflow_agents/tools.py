@@ -175,7 +175,7 @@ def _checked(hint: Any) -> Any:
     if get_origin(hint) is typing.Annotated:
         base, *extra = get_args(hint)
         metas = [m for m in extra if isinstance(m, msgspec.Meta)]
-        return typing.Annotated[(base, *metas)] if metas else base  # type: ignore[valid-type]
+        return typing.Annotated[(base, *metas)] if metas else base
     return hint
 
 
