@@ -140,6 +140,31 @@ def test_newer_schema_is_refused_and_unchanged(runner: CliRunner, write_flow,
     assert _digest(ledger) == before
 
 
+def test_a_ledger_of_an_older_release_is_upgraded_by_its_first_reader(
+        runner: CliRunner, write_flow, ledger: str) -> None:
+    import duckdb
+
+    from ledgerflow_stores.duckdb.schema import MIGRATIONS, SCHEMA_VERSION
+    res = runner.invoke(main, ["run", write_flow(FLOW), "--store", ledger, "--json"])
+    run_id = json.loads(res.output)["run_id"]
+    con = duckdb.connect(ledger)    # as a release at schema version 1 left it
+    for _, statements in reversed(MIGRATIONS[1:]):
+        for sql in statements:
+            kind, name = sql.split()[1], sql.split()[2].split("(")[0]
+            con.execute(f"DROP {kind} {name}")
+    con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    con.close()
+    for args in (["runs"], ["status", run_id], ["resume", run_id, "--plan"]):
+        res = runner.invoke(main, [*args, "--store", ledger])
+        assert res.exit_code == 0, res.output
+        if args[0] == "status":
+            assert "succeeded" in res.output
+    con = duckdb.connect(ledger, read_only=True)
+    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() \
+        == [(str(SCHEMA_VERSION),)]
+    con.close()
+
+
 def test_failed_run_exits_1_and_resume_plan(runner: CliRunner, write_flow, ledger: str) -> None:
     flow = write_flow("""
         from ledgerflow import task, pipeline

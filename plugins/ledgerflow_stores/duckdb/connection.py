@@ -142,6 +142,13 @@ class Ledger:
         try:
             self.version = schema.migrate(con, self.location) if write \
                 else schema.check(con, self.location)
+            if not write and 0 < self.version < schema.SCHEMA_VERSION:
+                # written by an older ledgerflow: readers query the newer tables, so
+                # the file is brought up to date once (a write), then read
+                con.close()
+                self._open(write=True).close()
+                con = duckdb.connect(self.location, read_only=True)
+                self.version = schema.check(con, self.location)
         except duckdb.Error as exc:
             con.close()
             if is_lock_error(exc) or not is_damage(exc):
