@@ -89,7 +89,7 @@ from ledgerflow.views import (
 )
 
 from . import queries, schema
-from .blobs import Blobs, default_root
+from .blobs import shared_blobs
 from .connection import DEFAULT_WAIT, Database, is_connection_error
 from .lease import DEFAULT_TTL, RUNS_CHANNEL, SIGNALS_CHANNEL, Keeper, holder, holder_gone
 from .sql import COMMIT_SQL, RUN_FIELDS, commit_params, fold_params, run_tuple
@@ -185,8 +185,8 @@ class PostgresStore:
             "LEDGERFLOW_LEASE_TTL", DEFAULT_TTL)
         self.db = Database(url, wait=wait if wait is not None else _env_float(
             "LEDGERFLOW_STORE_WAIT", DEFAULT_WAIT))
-        self.blobs = Blobs(Path(blob_dir).expanduser().resolve() if blob_dir is not None
-                           else default_root())
+        self.blobs = shared_blobs(Path(blob_dir).expanduser().resolve()
+                                  if blob_dir is not None else None)
         self.keeper = Keeper(self.db, self.ttl)
         self._wlock = threading.RLock()      # the writer connection and the mirrors
         self._wconn: Any = None

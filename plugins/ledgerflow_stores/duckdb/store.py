@@ -10,7 +10,7 @@ on, the driver folds the tail at the end. Readers in any process open the
 file read-only for a moment and add the unfolded journal tail
 (:func:`ledgerflow.projection.apply`), so ``status``, ``runs`` and ``cancel``
 work while a run is active. Leases and cancel requests are files
-(:mod:`.lease`), large results content-addressed files (:mod:`.blobs`).
+(:mod:`.lease`), large results content-addressed files (:mod:`ledgerflow_stores.blobs`).
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ from ledgerflow.views import (
     step_dict,
 )
 
+from ..blobs import Blobs
 from . import doctor, queries
-from .blobs import Blobs
 from .connection import Ledger
 from .decisions import Decisions
 from .fold import RUN_TERMINAL_VALUES, BackgroundFold, Fold, FoldPolicy
@@ -106,7 +106,9 @@ class DuckDBStore:
                                  (sync or os.environ.get("LEDGERFLOW_SYNC", "normal")).lower())
         self.leases = Leases(self.side / "runs")
         self.decisions = Decisions(self.side / "runs")
-        self.blobs = Blobs(self.side)
+        self.blobs = Blobs(self.side, inline_limit=2048,
+                           missing_hint="pipeline resume RUN_ID runs the task that made it "
+                           "again; pipeline doctor lists missing files")
         self.folds = Fold(self.journals, self.side / "tmp", self.policy)
         self._beats: dict[str, Heartbeat] = {}
         self._background: dict[str, BackgroundFold] = {}

@@ -1,0 +1,84 @@
+"""Result files: large or non-JSON results, content-addressed under a store's root folder.
+
+Small JSON results (up to the store's inline limit) stay inline in the ledger
+rows. Others are written once under ``ROOT/results/<2 hex>/<hash>.<ext>``
+(tables as Parquet, which ``read_parquet`` reads; other values as their pickle
+or JSON bytes), and the ledger keeps the path relative to ``ROOT``. The DuckDB
+store's root is the ledger's side folder; the PostgreSQL store's is a
+directory every driver reaches, and it asks for each file to be fsync'd before
+the commit that names it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import threading
+from pathlib import Path
+from typing import Any
+
+from ledgerflow.errors import MissingResultError
+from ledgerflow.results import Encoded, decode
+
+_EXT = {"arrow": "parquet", "pickle": "pkl", "json": "json"}
+
+
+class Blobs:
+    """The result files of one store.
+
+    Args:
+        root: the folder result URIs are relative to.
+        inline_limit: JSON results up to this many bytes stay in the ledger.
+        durable: fsync each file before it is named (a store whose commits
+            are durable against a machine crash).
+        missing_hint: how to fix a result file that is gone.
+    """
+
+    def __init__(self, root: Path, *, inline_limit: int, durable: bool = False,
+                 missing_hint: str) -> None:
+        self.root = root
+        self.inline_limit = inline_limit
+        self.durable = durable
+        self.missing_hint = missing_hint
+
+    def put(self, enc: Encoded) -> str | None:
+        """Store ``enc`` unless it stays inline; return its URI (relative to the root)."""
+        if enc.kind == "json" and enc.size <= self.inline_limit:
+            return None
+        rel = f"results/{enc.hash[:2]}/{enc.hash}.{_EXT[enc.kind]}"
+        path = self.root / rel
+        if not path.exists():        # content-addressed: the same bytes are written once
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+            if enc.kind == "arrow":
+                import pyarrow.parquet as pq
+                pq.write_table(decode("arrow", enc.data), tmp)
+            else:
+                tmp.write_bytes(enc.data)
+            if self.durable:
+                with open(tmp, "rb") as fh:
+                    os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        return rel
+
+    def path(self, uri: str) -> Path:
+        """The file behind a result URI."""
+        return self.root / uri
+
+    def read(self, kind: str, data: str | None, uri: str | None) -> Any:
+        """The value of a result: inline ``data``, or the file at ``uri``.
+
+        Raises:
+            MissingResultError: the file is gone.
+        """
+        if uri is None:
+            return decode(kind, (data or "null").encode())
+        path = self.path(uri)
+        if not path.exists():
+            raise MissingResultError(f"result file {path} is missing", hint=self.missing_hint)
+        if kind == "arrow":
+            import pyarrow.parquet as pq
+            return pq.read_table(path)
+        raw = path.read_bytes()
+        return pickle.loads(raw) if kind == "pickle" else json.loads(raw)
