@@ -18,6 +18,17 @@ Get one by name (``"provider"`` or ``"provider:model-id"``)::
     >>> m.complete(ModelRequest([{"role": "user", "content": "hi"}])).text
     'hello'
 
+Governed model calls and agents (see the package README):
+
+* :func:`agent_task` (:mod:`ledgerflow_agents.agent`): a task whose body is a
+  tool-using loop, with tool allowlists, approvals, budgets and replay;
+* :func:`model_call` (``context().model(...)``, :mod:`ledgerflow_agents.calls`):
+  one governed model call inside any task;
+* :func:`tool` and :class:`Arg` (:mod:`ledgerflow_agents.tools`): typed
+  functions with declared permissions; :class:`Budget`
+  (:mod:`ledgerflow_agents.budget`) and :class:`KeyLimits`
+  (:mod:`ledgerflow_agents.limits`).
+
 The interface every provider follows is :class:`ChatModel`
 (:mod:`ledgerflow_agents.provider`); its errors are in
 :mod:`ledgerflow_agents.errors`. Other plugins add providers by implementing
@@ -36,7 +47,22 @@ from ledgerflow.errors import PluginError
 
 from . import hookspecs
 from ._canonical import canonical_json, digest
-from .errors import MalformedResponse, ModelNotFoundError, ModelTimeout, ProviderError, RateLimited
+from .agent import agent_task
+from .budget import Budget
+from .calls import model_call
+from .errors import (
+    BudgetExceeded,
+    GovernanceError,
+    MalformedResponse,
+    ModelNotFoundError,
+    ModelTimeout,
+    PathNotAllowed,
+    ProviderError,
+    RateLimited,
+    StepsExceeded,
+    ToolNotAllowed,
+)
+from .limits import KeyLimits
 from .mock import MockModel
 from .provider import (
     ChatModel,
@@ -48,29 +74,42 @@ from .provider import (
     Usage,
     estimate_tokens_from_bytes,
 )
+from .tools import Arg, Tool, tool
 
 if TYPE_CHECKING:
     import pluggy
 
 __all__ = [
+    "Arg",
+    "Budget",
+    "BudgetExceeded",
     "ChatModel",
+    "GovernanceError",
+    "KeyLimits",
     "MalformedResponse",
     "MockModel",
     "ModelNotFoundError",
     "ModelRequest",
     "ModelResponse",
     "ModelTimeout",
+    "PathNotAllowed",
     "Pricing",
     "ProviderError",
     "RateLimited",
+    "StepsExceeded",
+    "Tool",
     "ToolCall",
+    "ToolNotAllowed",
     "ToolSpec",
     "Usage",
+    "agent_task",
     "canonical_json",
     "digest",
     "estimate_tokens_from_bytes",
     "get_model",
+    "model_call",
     "model_names",
+    "tool",
 ]
 
 #: The providers bundled here: (plugin name, module). Registered by entry

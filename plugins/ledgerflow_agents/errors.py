@@ -8,6 +8,15 @@
     └─ MalformedResponse    (the answer cannot be parsed, e.g. tool arguments that are not JSON)
     ModelNotFoundError      (a PluginError: no installed provider has that name)
 
+What governance refuses inside a task, each a ledgerflow ``NonRetryableError`` (the
+task fails at once, after a notice says why)::
+
+    GovernanceError
+    ├─ ToolNotAllowed       (a tool not on the allowlist, or it touched what it may not)
+    │  └─ PathNotAllowed    (a path outside the tool's declared roots)
+    ├─ BudgetExceeded       (a reservation does not fit the task's, run's or key's budget)
+    └─ StepsExceeded        (the agent used max_steps model calls without a final answer)
+
 ``usage`` is what the provider says (or the mock scripts) was spent before the
 failure, when known: a budget settles a failed call to it, or keeps the whole
 reservation when it is ``None``.
@@ -17,13 +26,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ledgerflow.errors import PipelineError, PluginError
+from ledgerflow.errors import NonRetryableError, PipelineError, PluginError
 
 if TYPE_CHECKING:
     from .provider import Usage
 
-__all__ = ["MalformedResponse", "ModelNotFoundError", "ModelTimeout", "ProviderError",
-           "RateLimited"]
+__all__ = ["BudgetExceeded", "GovernanceError", "MalformedResponse", "ModelNotFoundError",
+           "ModelTimeout", "PathNotAllowed", "ProviderError", "RateLimited", "StepsExceeded",
+           "ToolNotAllowed"]
 
 
 class ProviderError(PipelineError):
@@ -94,3 +104,47 @@ class MalformedResponse(ProviderError):
 
 class ModelNotFoundError(PluginError):
     """No installed plugin provides a model provider of that name."""
+
+
+class GovernanceError(NonRetryableError):
+    """A governed call was refused: the task fails without a retry (a notice says why).
+
+    Attributes:
+        kind: the notice kind recorded with it (``tool_not_allowed`` ...).
+        hint: one line on how to fix it.
+    """
+
+    kind = "governance"
+    default_hint = ""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = self.default_hint if hint is None else hint
+
+
+class ToolNotAllowed(GovernanceError):
+    """The model called a tool that is not allowed, or a tool did what it may not."""
+
+    kind = "tool_not_allowed"
+    default_hint = "add the tool to tools=[...] (or its permissions) if it is meant to be used"
+
+
+class PathNotAllowed(ToolNotAllowed):
+    """A tool was asked to touch (or touched) a path outside its declared roots."""
+
+    kind = "path_not_allowed"
+    default_hint = "declare the folder in the tool's reads=[...] or writes=[...]"
+
+
+class BudgetExceeded(GovernanceError):
+    """The worst case of the next call does not fit a budget (nothing was spent on it)."""
+
+    kind = "budget_exceeded"
+    default_hint = "raise the budget, or lower max_output_tokens / max_steps"
+
+
+class StepsExceeded(GovernanceError):
+    """The agent made ``max_steps`` model calls without giving a final answer."""
+
+    kind = "steps_exceeded"
+    default_hint = "raise max_steps, or make the task easier to answer"

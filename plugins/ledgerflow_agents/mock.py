@@ -31,6 +31,9 @@ from the script's folder).
 ``cursor="conversation"`` gives every conversation (the messages up to its
 first user message) its own position in the script, so twenty agent tasks
 running the same two-turn script concurrently each get turn 0, then turn 1.
+``cursor="step"`` answers turn N to a conversation holding N assistant
+messages: stateless, so any process (a resumed driver too) answers alike
+without a shared log.
 """
 
 from __future__ import annotations
@@ -118,8 +121,9 @@ class MockModel:
         key_alias: the key alias to report (never read).
         log: a JSON-lines file shared by every copy of this mock, in any
             process; ``None`` keeps the log in memory.
-        cursor: ``"global"`` (one position for all calls) or
-            ``"conversation"`` (one per conversation).
+        cursor: ``"global"`` (one position for all calls),
+            ``"conversation"`` (one per conversation) or ``"step"`` (the
+            number of assistant messages in the request).
 
     Raises:
         ConfigError: a turn has an unknown key or fault.
@@ -141,8 +145,9 @@ class MockModel:
                  model: str = "mock-model", pricing: Pricing | None = None,
                  key_alias: str | None = None, log: str | os.PathLike[str] | None = None,
                  cursor: str = "global") -> None:
-        if cursor not in ("global", "conversation"):
-            raise ConfigError(f"mock cursor must be 'global' or 'conversation', given: {cursor!r}",
+        if cursor not in ("global", "conversation", "step"):
+            raise ConfigError(f"mock cursor must be 'global', 'conversation' or 'step', "
+                              f"given: {cursor!r}",
                               hint='pass cursor="conversation" for one script per conversation')
         self.turns = [_check_turn(i, t) for i, t in enumerate(turns)]
         self.name = name
@@ -216,7 +221,7 @@ class MockModel:
     @property
     def requests(self) -> list[dict[str, Any]]:
         """Every request received, oldest first: ``seq``, ``turn``, ``conversation``,
-        ``digest``, ``fault`` and the ``request`` itself."""
+        ``digest``, ``fault``, ``pid``, ``at`` (epoch seconds) and the ``request`` itself."""
         with self._locked_log() as entries:
             return [dict(e) for e in entries]
 
@@ -232,11 +237,14 @@ class MockModel:
         with self._locked_log() as entries:
             if self.cursor == "global":
                 index = len(entries)
+            elif self.cursor == "step":
+                index = sum(1 for m in request.messages if m["role"] == "assistant")
             else:
                 index = sum(1 for e in entries if e["conversation"] == conversation)
             turn = self.turns[index] if index < len(self.turns) else None
             entries.append({"seq": len(entries), "turn": index, "conversation": conversation,
                             "digest": request.digest(), "pid": os.getpid(),
+                            "at": time.time(),
                             "fault": None if turn is None else turn.get("fault"),
                             "request": request.to_dict()})
         if turn is None:

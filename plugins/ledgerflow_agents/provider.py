@@ -165,6 +165,10 @@ class ModelRequest:
         max_output_tokens: the most tokens the model may generate.
         temperature: 0 is greedy (deterministic where the provider allows it).
         tool_choice: ``auto``, ``required``, ``none``, or one tool's name.
+        cite_from: ids the final answer must cite one of (e.g. the passage
+            ids the tools returned); providers that constrain decoding
+            (``local``) make the answer end with ``[ID]``, others ignore it.
+            Part of the digest only when given.
 
     Raises:
         ValueError: a bad role, a tool without a name, duplicate tool names,
@@ -182,10 +186,12 @@ class ModelRequest:
     max_output_tokens: int = 256
     temperature: float = 0.0
     tool_choice: ToolChoice = "auto"
+    cite_from: tuple[str, ...] = ()
 
     def __init__(self, messages: Sequence[Mapping[str, Any]],
                  tools: Sequence[Mapping[str, Any]] = (), max_output_tokens: int = 256,
-                 temperature: float = 0.0, tool_choice: ToolChoice = "auto") -> None:
+                 temperature: float = 0.0, tool_choice: ToolChoice = "auto",
+                 cite_from: Sequence[str] = ()) -> None:
         msgs = tuple(_message(m) for m in messages)
         specs = tuple(_tool(t) for t in tools)
         names = [t["name"] for t in specs]
@@ -206,6 +212,7 @@ class ModelRequest:
         object.__setattr__(self, "max_output_tokens", max_output_tokens)
         object.__setattr__(self, "temperature", float(temperature))
         object.__setattr__(self, "tool_choice", tool_choice)
+        object.__setattr__(self, "cite_from", tuple(str(c) for c in cite_from))
 
     @property
     def tool_names(self) -> list[str]:
@@ -218,7 +225,8 @@ class ModelRequest:
                 "tools": [dict(t) for t in self.tools],
                 "max_output_tokens": self.max_output_tokens,
                 "temperature": self.temperature,
-                "tool_choice": self.tool_choice}
+                "tool_choice": self.tool_choice,
+                **({"cite_from": list(self.cite_from)} if self.cite_from else {})}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ModelRequest:
@@ -226,7 +234,8 @@ class ModelRequest:
         return cls(messages=data["messages"], tools=data.get("tools", ()),
                    max_output_tokens=int(data.get("max_output_tokens", 256)),
                    temperature=float(data.get("temperature", 0.0)),
-                   tool_choice=str(data.get("tool_choice", "auto")))
+                   tool_choice=str(data.get("tool_choice", "auto")),
+                   cite_from=data.get("cite_from") or ())
 
     def canonical_bytes(self) -> bytes:
         """Compact sorted-key JSON of :meth:`to_dict`."""

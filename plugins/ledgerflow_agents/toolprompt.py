@@ -5,6 +5,10 @@ with one JSON object, either a tool call or a final answer::
 
     {"tool": "search_index", "arguments": {"query": "patents"}}
     {"answer": "The licence grants a patent license [LICENSE.md#2]."}
+    {"answer": "The licence grants a patent license.", "cite": "LICENSE.md#2"}
+
+(the last when the request asks to cite one of given ids, ``cite_from``: the
+text becomes ``... [LICENSE.md#2]``).
 
 :func:`output_schema` is the JSON Schema of exactly those objects for the
 allowed tools (``tool_choice`` can drop the answer or keep one tool), which
@@ -18,6 +22,7 @@ conversation are rendered in the same JSON form. Nothing here imports torch.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -77,8 +82,10 @@ def output_schema(request: ModelRequest) -> dict[str, Any] | None:
                                         "arguments": params},
                          "required": ["tool", "arguments"]})
     if may_answer:
-        branches.append({"type": "object", "properties": {"answer": {"type": "string"}},
-                         "required": ["answer"]})
+        props: dict[str, Any] = {"answer": {"type": "string"}}
+        if request.cite_from:       # the answer names one of these: exactly, by the grammar
+            props["cite"] = {"type": "string", "enum": list(request.cite_from)}
+        branches.append({"type": "object", "properties": props, "required": list(props)})
     return branches[0] if len(branches) == 1 else {"anyOf": branches}
 
 
@@ -98,12 +105,19 @@ def _is_pair(example: Example) -> bool:
             and isinstance(example[1], Mapping))
 
 
-def _render_json_turns(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+def _answer(text: str, cite: bool) -> dict[str, str]:
+    """An answer as the model writes it: with ``cite``, ``[ID]`` at its end apart."""
+    m = re.match(r"^(.*?)\s*\[([^\]\s]+)\]\.?$", text, re.S) if cite else None
+    return {"answer": m.group(1), "cite": m.group(2)} if m else {"answer": text}
+
+
+def _render_json_turns(messages: Sequence[Mapping[str, Any]],
+                       cite: bool = False) -> list[dict[str, str]]:
     out: list[dict[str, str]] = []
     for m in messages:
         if m["role"] == "assistant" and not m.get("tool_calls"):
             out.append({"role": "assistant",
-                        "content": json.dumps({"answer": str(m.get("content") or "")},
+                        "content": json.dumps(_answer(str(m.get("content") or ""), cite),
                                               ensure_ascii=False)})
         else:
             out.append({"role": "user" if m["role"] == "tool" else str(m["role"]),
@@ -156,8 +170,8 @@ def build_messages(request: ModelRequest,
                                                        ensure_ascii=False))
             out.append({"role": "assistant", "content": text})
         for conversation in conversations:
-            out += _render_json_turns(conversation)
-        out += _render_json_turns(rest)
+            out += _render_json_turns(conversation, bool(request.cite_from))
+        out += _render_json_turns(rest, bool(request.cite_from))
     else:
         if systems:
             out.append({"role": "system", "content": "\n\n".join(systems)})
@@ -178,6 +192,8 @@ def parse_output(text: str, request: ModelRequest) -> tuple[str, list[tuple[str,
     if not isinstance(doc, dict):
         raise ValueError(f"expected a JSON object, got {text[:80]!r}")
     if "answer" in doc:
+        if doc.get("cite"):
+            return f"{str(doc['answer']).rstrip()} [{doc['cite']}]", []
         return str(doc["answer"]), []
     name, args = doc.get("tool"), doc.get("arguments")
     if not isinstance(name, str) or not isinstance(args, dict):

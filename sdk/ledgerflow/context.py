@@ -11,11 +11,13 @@ import contextvars
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .approval import Approval, ApprovalNeeded, Decision, action_digest
+from .errors import PluginError
 from .keys import digest, idempotency_key
 from .results import decode, encode
 
@@ -74,14 +76,53 @@ class RunContext:
     #: Model and tool calls made by this attempt (``record_model_call`` ...).
     model_calls: list[dict[str, Any]] = field(default_factory=list)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    #: Notices this attempt raised: (kind, message, time), recorded when it ends.
+    notices: list[tuple[str, str, float]] = field(default_factory=list)
+    #: Per-attempt state plugins keep on the context (e.g. an agent's call sequence).
+    extensions: dict[str, Any] = field(default_factory=dict)
 
     def record_model_call(self, **call: Any) -> None:
-        """Record one model call (fields of :class:`ledgerflow.records.ModelCall`)."""
+        """Record one model call (fields of :class:`ledgerflow.records.ModelCall`).
+
+        Kept in the run's folder at once too, so the call is in the ledger even
+        when the process dies before the attempt ends (journaled on resume).
+        """
         self.model_calls.append(call)
+        self._log_call("model", call)
 
     def record_tool_call(self, **call: Any) -> None:
         """Record one tool call (fields of :class:`ledgerflow.records.ToolCall`)."""
         self.tool_calls.append(call)
+        self._log_call("tool", call)
+
+    def notice(self, kind: str, message: str) -> None:
+        """Record a notice for this attempt (``pipeline status`` and ``Run.notices()``
+        show it), e.g. before raising a :class:`~ledgerflow.errors.NonRetryableError`.
+
+        Example:
+            >>> context().notice("tool_not_allowed", "the model asked for 'rm'")
+        """
+        at = time.time()
+        self.notices.append((kind, message, at))
+        self._log_call("notice", {"kind": kind, "message": message, "ts": at})
+
+    def _log_call(self, kind: str, fields: dict[str, Any]) -> None:
+        if self.run_folder:
+            append_call(call_log_path(self.run_folder, self.task_key), self.attempt, kind,
+                        fields)
+
+    def model(self, *args: Any, **kwargs: Any) -> Any:
+        """Call a model from this task: budgeted, rate limited, recorded, replayed.
+
+        Delegates to the plugin registered under the entry point ``model`` of
+        the ``ledgerflow.context`` group (``ledgerflow_agents.model_call``,
+        whose arguments it takes), loaded on first use.
+
+        Example:
+            >>> context().model("Say hi", model="local").text   # doctest: +SKIP
+            'Hi!'
+        """
+        return context_method("model")(*args, **kwargs)
 
     def approval(self, action: str, payload: object = None, *, timeout: float | None = None,
                  on_timeout: str = "fail", approvers: Sequence[str] = (),
@@ -222,6 +263,42 @@ def read_step_log(path: str) -> list[dict[str, Any]]:
         except ValueError:
             continue
     return out
+
+
+def call_log_path(run_folder: str, task_key: str) -> str:
+    """The file a task's model calls, tool calls and notices are appended to as
+    they happen (what a resume journals for an attempt lost with its process)."""
+    return os.path.join(run_folder, "calls", digest(task_key.encode()) + ".jsonl")
+
+
+def append_call(path: str, attempt: int, kind: str, fields: dict[str, Any]) -> None:
+    """Append one call or notice to a call log (one JSON line, one write)."""
+    line = json.dumps({"attempt": attempt, "kind": kind, "fields": fields},
+                      default=str) + "\n"
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+_METHODS: dict[str, Callable[..., Any]] = {}
+
+
+def context_method(name: str) -> Callable[..., Any]:
+    """The function a plugin adds to :class:`RunContext` as ``name`` (entry point
+    ``name`` of the ``ledgerflow.context`` group), loaded once per process."""
+    fn = _METHODS.get(name)
+    if fn is None:
+        from importlib.metadata import entry_points
+        found = [ep for ep in entry_points(group="ledgerflow.context") if ep.name == name]
+        if not found:
+            raise PluginError(f"no installed plugin provides context().{name}()",
+                              hint="pip install the plugin that provides it (for model(): "
+                                   "ledgerflow's agents plugin, ledgerflow_agents)")
+        fn = _METHODS[name] = found[0].load()
+    return fn
 
 
 def step_value(kind: str, text: str) -> object:

@@ -308,7 +308,7 @@ class NotebookProgress:
     """A live one-line progress display for a run in Jupyter.
 
     Pass an instance as the ``progress=`` callback of
-    :func:`ledgerflow.run.start` or :func:`ledgerflow.resume`. It is called on
+    :func:`ledgerflow.run` or :func:`ledgerflow.resume`. It is called on
     the driver thread for every transition and redraws at most every
     ``interval`` seconds (a trailing redraw shows the final counts). Outside
     IPython it does nothing; it needs no ipywidgets.

@@ -99,6 +99,8 @@ class Completion:
     #: Model and tool calls the attempt made (fields of ModelCall / ToolCall).
     model_calls: list[dict[str, Any]] = field(default_factory=list)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    #: Notices the task raised (``context().notice``): (kind, message, time).
+    notices: list[tuple[str, str, float]] = field(default_factory=list)
 
 
 @runtime_checkable
@@ -173,6 +175,7 @@ def _execute(job: Job, cancel: Callable[[], bool] | None, keep_value: bool) -> C
     c.steps = ctx.steps_done
     c.model_calls = ctx.model_calls
     c.tool_calls = ctx.tool_calls
+    c.notices = ctx.notices
     return c
 
 

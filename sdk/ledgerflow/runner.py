@@ -33,13 +33,13 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._gc import quiet_gc
 from .approval import APPROVED, EXPIRED, REJECTED, Approval, Decision, summarize, task_digest
 from .config import Settings
-from .context import read_step_log, step_log_path
+from .context import call_log_path, read_step_log, step_log_path
 from .errors import (
     ApprovalConflictError,
     InvalidTransitionError,
@@ -273,10 +273,36 @@ class Runner:
             self._attempt_ended(AttemptEnded(inst.key, inst.attempt, "lost", row.started_at,
                                          time.time(), "",
                                          "the driving process died while the attempt ran", ""))
+            self._recover_calls(inst.key, inst.attempt)
         for target, reason in decision.moves:
             self._move(inst, target.value, reason, resume=True)
             if target == _T.PENDING:
                 inst.used = 0
+
+    def _recover_calls(self, key: str, attempt: int) -> None:
+        """Journal the model calls, tool calls and notices of an attempt that never
+        reported (lost with its process): they were kept in its call log as made."""
+        if self.folders is None:
+            return
+        for line in read_step_log(call_log_path(self.folders[1], key)):
+            if line.get("attempt") != attempt:
+                continue
+            self._calls_records(key, attempt, **{line.get("kind", ""): [line["fields"]]})
+
+    def _calls_records(self, key: str, attempt: int, *,
+                       model: Sequence[dict[str, Any]] = (),
+                       tool: Sequence[dict[str, Any]] = (),
+                       notice: Sequence[dict[str, Any]] = (), **_: Any) -> None:
+        """Records of an attempt's model calls, tool calls and notices."""
+        for call in model:
+            self.buf.append(ModelCall(**{**_MODEL_CALL, **call, "task_key": key,
+                                         "attempt": attempt}))
+        for call in tool:
+            self.buf.append(ToolCall(**{**_TOOL_CALL, **call, "task_key": key,
+                                        "attempt": attempt}))
+        for n in notice:
+            self.buf.append(Notice(key, attempt, str(n.get("kind", "")),
+                                   str(n.get("message", "")), float(n.get("ts") or time.time())))
 
     def _notify(self, changes: list[Change]) -> None:
         for change in changes:
@@ -792,6 +818,10 @@ class Runner:
                 self._note(late[0], late[1], "late_result_rejected",
                            f"result ({c.outcome}) arrived after the attempt timed out; "
                            "rejected, not applied")
+                # what it spent is real all the same: its calls and notices are kept
+                self._calls_records(late[0], late[1], model=c.model_calls, tool=c.tool_calls,
+                                    notice=[{"kind": k, "message": m, "ts": t}
+                                            for k, m, t in c.notices])
             elif done is not None:
                 self._note(done[0].key, done[1], "duplicate_result_rejected",
                            f"a second report ({c.outcome}) for an attempt already finished; "
@@ -821,12 +851,8 @@ class Runner:
             return
         self._attempt_ended(AttemptEnded(inst.key, inst.attempt, c.outcome, c.started_at,
                                      c.ended_at, c.error_type, c.error_message, c.traceback))
-        for call in c.model_calls:
-            self.buf.append(ModelCall(**{**_MODEL_CALL, **call, "task_key": inst.key,
-                                         "attempt": inst.attempt}))
-        for call in c.tool_calls:
-            self.buf.append(ToolCall(**{**_TOOL_CALL, **call, "task_key": inst.key,
-                                        "attempt": inst.attempt}))
+        self._calls_records(inst.key, inst.attempt, model=c.model_calls, tool=c.tool_calls,
+                            notice=[{"kind": k, "message": m, "ts": t} for k, m, t in c.notices])
         if c.steps:
             recorded = self.steps.setdefault(inst.key, {})
             for name, kind, data, step_hash in c.steps:

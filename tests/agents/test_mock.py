@@ -202,3 +202,19 @@ def test_the_mock_needs_a_script(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match="needs a script"):
         get_model("mock")
     assert get_model("mock", {"turns": [{"text": "hi"}]}).complete(ASK).text == "hi"
+
+
+def test_step_cursor_answers_by_the_number_of_assistant_messages() -> None:
+    script = [{"tool_calls": [{"name": "search_index", "arguments": {"query": "q"}}]},
+              {"text": "done"}]
+    first = MockModel(turns=script, cursor="step").complete(ASK)
+    follow = ModelRequest([*ASK.messages,
+                           {"role": "assistant", "content": "",
+                            "tool_calls": list(first.tool_calls)},
+                           {"role": "tool", "tool_call_id": first.tool_calls[0]["id"],
+                            "name": "search_index", "content": "[a#0] x"}], tools=TOOLS)
+    fresh = MockModel(turns=script, cursor="step")       # another process, no shared log
+    assert fresh.complete(follow).text == "done"
+    assert fresh.complete(ASK).tool_calls[0]["name"] == "search_index"
+    with pytest.raises(ConfigError, match="'step'"):
+        MockModel(turns=script, cursor="sideways")

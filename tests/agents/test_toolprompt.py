@@ -97,3 +97,22 @@ def test_parse_output_splits_calls_from_answers() -> None:
         parse_output('{"answer": "unterminated', req)
     with pytest.raises(ValueError):
         parse_output('{"tool": "read_document"}', req)
+
+
+def test_cite_from_makes_the_answer_name_one_of_the_given_ids() -> None:
+    req = ModelRequest([user("x")], tools=TOOLS, cite_from=["LICENSE.md#2", "guide#4"])
+    schema = output_schema(req)
+    assert schema is not None
+    assert accepts(schema, '{"answer": "It grants one.", "cite": "LICENSE.md#2"}')
+    assert not accepts(schema, '{"answer": "It grants one.", "cite": "made-up#9"}')
+    assert not accepts(schema, '{"answer": "It grants one."}')
+    assert parse_output('{"answer": "It grants one. ", "cite": "guide#4"}', req) == (
+        "It grants one. [guide#4]", [])
+    assert "cite_from" in req.to_dict() and ModelRequest.from_dict(req.to_dict()) == req
+    assert "cite_from" not in ModelRequest([user("x")]).to_dict()    # old digests unchanged
+    # an earlier answer is shown to the model in the same two-field form
+    chat = build_messages(ModelRequest(
+        [user("a?"), {"role": "assistant", "content": "Yes [guide#4]."}, user("b?")],
+        tools=TOOLS, cite_from=["guide#4"]))
+    assert {"role": "assistant",
+            "content": '{"answer": "Yes", "cite": "guide#4"}'} in chat

@@ -1,4 +1,4 @@
-"""The ``pipeline`` command line: a click group over :mod:`ledgerflow.run`.
+"""The ``pipeline`` command line: a click group over :mod:`ledgerflow.control`.
 
 Modules: :mod:`.commands` (the commands), :mod:`.params` (``-p`` typing),
 :mod:`.render` (progress, tables, JSON), :mod:`.guard` (errors and exit codes),
