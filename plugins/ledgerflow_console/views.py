@@ -68,6 +68,12 @@ def usage_totals(usage: Any) -> dict[str, float] | None:
     """
     if usage is None:
         return None
+    if isinstance(usage, Mapping) and isinstance(usage.get("totals"), Mapping):
+        # Run.usage() (ledgerflow.views.usage_summary): its totals, not the sum of its
+        # per-task, per-model and per-key groups, which count every call again
+        t = usage["totals"]
+        return {"tokens": float(t.get("tokens", 0)), "cost": float(t.get("cost", 0.0)),
+                "calls": int(t.get("model_calls", 0))}
     tokens = 0.0
     cost = 0.0
     calls = 0

@@ -15,7 +15,7 @@ import pytest
 
 import ledgerflow
 from ledgerflow import Run, context, pipeline, task
-from ledgerflow.views import RunView, TaskRow
+from ledgerflow.views import RunView, TaskRow, usage_summary
 
 app_mod = pytest.importorskip("ledgerflow_console.app")
 from ledgerflow_console import pages, views  # noqa: E402
@@ -96,6 +96,14 @@ def test_usage_totals_accept_the_shapes_a_usage_report_may_have() -> None:
     nested = {"by_task": {"a": {"total_tokens": 3, "calls": 2}}, "total_tokens": 3}
     assert views.usage_totals(nested)["tokens"] == 6
     assert views.usage_totals(None) is None
+
+
+def test_usage_totals_of_a_usage_summary_count_each_call_once() -> None:
+    calls = [{"task_key": t, "provider": "mock", "model": "m", "key_alias": None,
+              "input_tokens": 10, "output_tokens": 5, "cost": 0.5, "replayed": False}
+             for t in ("a", "b")]
+    assert views.usage_totals(usage_summary(calls)) == {"tokens": 30, "cost": 1.0, "calls": 2}
+    assert views.usage_totals(usage_summary([])) == {"tokens": 0, "cost": 0.0, "calls": 0}
 
 
 # -- the panels light up when Run has the methods ---------------------------------------
