@@ -205,3 +205,27 @@ def test_a_damaged_journal_is_used_up_to_the_damage(project, damage) -> None:
     assert view["state"] == "succeeded" and len(view["tasks"]) == 12
     time.sleep(0)       # the damage stays reported, the run is complete
     assert "damaged" in _cli("status", run_id, "--store", ledger, env=env).stdout
+
+
+def _foreign_duckdb(path: str) -> None:
+    con = duckdb.connect(path)
+    con.execute("CREATE TABLE sales(id INTEGER)")
+    con.close()
+
+
+def _text(path: str) -> None:
+    Path(path).write_text("not a database\n")
+
+
+@pytest.mark.parametrize("make", [_foreign_duckdb, _text], ids=["foreign-duckdb", "text"])
+def test_someone_elses_file_is_never_repaired_away(project, make) -> None:
+    _, ledger, env = project
+    make(ledger)
+    before = _digest(ledger)
+    doctor = _cli("doctor", "--store", ledger, env=env)
+    assert doctor.returncode == 2 and "not a ledgerflow ledger" in doctor.stdout
+    assert "fix: pass --store the path of a ledgerflow ledger" in doctor.stdout
+    repaired = _cli("repair", "--store", ledger, env=env)
+    assert repaired.returncode == 2 and "nothing to rebuild" in repaired.stderr
+    assert _digest(ledger) == before
+    assert not list(Path(ledger).parent.glob("ledger.duckdb.broken-*"))

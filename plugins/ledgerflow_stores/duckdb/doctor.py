@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from ledgerflow.errors import NotResumableError, PipelineError, StoreError
+from ledgerflow.errors import NotALedgerError, NotResumableError, PipelineError, StoreError
 from ledgerflow.projection import apply
 from ledgerflow.views import RunView
 
@@ -84,7 +84,8 @@ def examine(store: DuckDBStore) -> list[Finding]:
                 out.append(Finding(False, f"no ledger file yet at {store.location}"))
     except PipelineError as exc:
         readable = False
-        out.append(Finding(True, f"the ledger file cannot be read: {exc}", repair))
+        out.append(Finding(True, f"the ledger file cannot be read: {exc}",
+                           _NOT_A_LEDGER if _foreign(store, exc) else repair))
     journal_runs = store.journals.all_runs()
     for rid in sorted(journal_runs):
         try:
@@ -164,12 +165,30 @@ def _missing_results(store: DuckDBStore) -> list[Finding]:
     return out
 
 
+_NOT_A_LEDGER = ("pass --store the path of a ledgerflow ledger (a new path creates one); "
+                 "this file is someone else's")
+
+
+def _foreign(store: DuckDBStore, exc: Exception) -> bool:
+    """True if the file is not a ledger and no journal says it ever was one."""
+    return isinstance(exc, NotALedgerError) and not store.journals.all_runs()
+
+
 def rebuild(store: DuckDBStore) -> tuple[str, list[str]]:
     """Rebuild the tables from the journals into a new file and swap it in.
 
     Returns the path the old file was kept at and what was cut. Refuses while
     a driver is alive.
     """
+    try:
+        with store.ledger.connect(False):
+            pass
+    except NotALedgerError as exc:
+        if _foreign(store, exc):
+            raise NotALedgerError(f"{exc}, and no journals are beside it: nothing to rebuild "
+                                  "(the file is left as it is)", hint=_NOT_A_LEDGER) from None
+    except PipelineError:
+        pass        # damaged: rebuilt below
     for rid in store.journals.runs():
         if store.driver_alive(rid):
             raise NotResumableError(f"run {rid} is being driven right now; repair needs the "
