@@ -1,4 +1,4 @@
-"""Model providers for ledgerflow's agent tasks, found through the plugin manager.
+"""Governed model and agent tasks (agent_task, tools, budgets, key limits) and their model providers.
 
 Three providers ship here, each registered through the ``ledgerflow``
 entry-point group exactly like a third-party plugin would be:
