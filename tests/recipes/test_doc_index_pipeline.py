@@ -207,8 +207,12 @@ def test_sigkill_during_embedding_then_resume(corpus_copy: Path, tmp_path: Path)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     final = ledgerflow.get_run(run_id, store=str(store))
     assert final.state == "succeeded"
-    # succeeded embeddings were kept: only the others ran (lost ones at least once more)
-    assert len(marker.read_text().split()) - calls_before == n_docs - done
+    # succeeded embeddings were kept: only the others called the model again. An embed
+    # lost with the driver after its vectors reached the embedding cache finds them
+    # there, so it may call the model not at all: between one call per document not
+    # embedded before the kill and one per document not recorded as embedded
+    after = len(marker.read_text().split()) - calls_before
+    assert n_docs - calls_before <= after <= n_docs - done, (after, calls_before, done)
 
     uninterrupted = tmp_path / "uninterrupted.duckdb"
     env.pop("DOC_INDEX_TEST_MARKER")
