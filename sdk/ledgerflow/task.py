@@ -8,8 +8,6 @@ returns a :class:`MapRef`.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import contextvars
 import functools
 import inspect
@@ -70,6 +68,9 @@ def _in_event_loop(fn: Callable[..., Any]) -> Callable[..., Any]:
     When a loop already runs in this thread (a notebook's), the coroutine runs
     in a helper thread with this thread's context (run id, output capture).
     """
+    import asyncio  # here, not at the top: ~20 ms (ssl, subprocess) on every import
+    import concurrent.futures
+
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         coro = fn(*args, **kwargs)
