@@ -13,56 +13,13 @@ from click.testing import CliRunner, Result
 
 from ledgerflow.cli import main
 
-#: The catalogue the drafts use: plain tasks, one that writes a file (declared), an
-#: "agent" that declares a shell tool and the network, and one behind an approval gate.
-STEPS = '''
-from __future__ import annotations
+ROOT = Path(__file__).resolve().parents[2]
+#: The catalogue the drafts use: the docs' example (docs/drafts-example/steps.py: plain
+#: tasks, one that writes a file (declared), an "agent" that declares a shell tool and the
+#: network, one behind an approval gate), plus a model step and a program.
+STEPS = (ROOT / "docs" / "drafts-example" / "steps.py").read_text() + '''
 
-from ledgerflow import task
-from ledgerflow.policy import needs
 from ledgerflow.program import program
-
-
-@task
-def load(rows: int) -> list[int]:
-    """Make the numbers 1..rows."""
-    return list(range(1, rows + 1))
-
-
-@task
-def double(x: int) -> int:
-    """Double one number."""
-    return 2 * x
-
-
-@task
-def total(values: list[int]) -> int:
-    """Add numbers up."""
-    return sum(values)
-
-
-@needs(writes=["{path}"])
-@task
-def save(value: int, path: str) -> str:
-    """Write a number to a file."""
-    with open(path, "w") as fh:
-        fh.write(str(value))
-    return path
-
-
-@needs(reads=["{path}"])
-@task
-def show(path: str) -> str:
-    """Read a file back."""
-    with open(path) as fh:
-        return fh.read()
-
-
-@needs(tools=["shell"], network=True)
-@task
-def ask_agent(question: str) -> str:
-    """An agent that may run shell commands."""
-    return "42"
 
 
 @needs(models=["{model}"], keys=["{key}"], budget_usd="{budget}")
@@ -73,13 +30,8 @@ def summarize(text: str, model: str = "local", key: str = "", budget: float = 0.
 
 
 echo = program("echo", ["echo", "{text}"])
-
-
-@task(approve=True)
-def publish(value: int) -> str:
-    """Publish a number (a person approves it first)."""
-    return f"published {value}"
 '''
+
 
 POLICY = '''
 network = false
