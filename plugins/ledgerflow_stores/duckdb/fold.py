@@ -126,7 +126,7 @@ def _append_sql(kind: type[Record], source: str) -> str:
 #: Kinds staged into temporary tables (the task update reads them too).
 _STAGED: dict[str, type[Record]] = {"E": Transition, "A": AttemptEnded, "R": ResultRecorded}
 #: Per staged kind: the per-task summary of a batch, and the ``tasks`` columns it sets.
-_SUMMARIES: dict[str, tuple[str, str]] = {
+_SUMMARIES: dict[str, tuple[str, dict[str, str]]] = {
     # a resume reset (to pending from a state) times the task afresh: its start is the
     # first running after the last reset
     "E": ("""SELECT task_key, arg_max(to_state, seq) AS state, max(attempt) AS attempts,
@@ -141,13 +141,12 @@ _SUMMARIES: dict[str, tuple[str, str]] = {
                                                AND from_state IS NOT NULL)
                               OVER (PARTITION BY task_key) AS reset_seq FROM lf_e)
               GROUP BY task_key""",
-          f"""state = coalesce(e.state, tasks.state),
-              started_at = CASE WHEN e.budget_base IS NOT NULL THEN e.started_at
-                                ELSE coalesce(tasks.started_at, e.started_at) END,
-              ended_at = CASE WHEN e.state IN {_TERMINAL_SQL} THEN e.last_at
-                              WHEN e.budget_base IS NOT NULL THEN NULL
-                              ELSE tasks.ended_at END,
-              budget_base = coalesce(e.budget_base, tasks.budget_base)"""),
+          {"state": "coalesce(e.state, tasks.state)",
+           "started_at": "CASE WHEN e.budget_base IS NOT NULL THEN e.started_at "
+                         "ELSE coalesce(tasks.started_at, e.started_at) END",
+           "ended_at": f"CASE WHEN e.state IN {_TERMINAL_SQL} THEN e.last_at "
+                       "WHEN e.budget_base IS NOT NULL THEN NULL ELSE tasks.ended_at END",
+           "budget_base": "coalesce(e.budget_base, tasks.budget_base)"}),
     # the error text: ledgerflow.views.error_text in SQL
     "A": ("""SELECT task_key, max(attempt) AS attempts,
                     arg_max_null(CASE WHEN outcome IN ('ok', 'waiting') THEN NULL
@@ -157,7 +156,7 @@ _SUMMARIES: dict[str, tuple[str, str]] = {
                          WHEN coalesce(error_type, '') = '' THEN error_message
                          ELSE error_type || ': ' || error_message END, i) AS error
              FROM lf_a GROUP BY task_key""",
-          "error = CASE WHEN a.task_key IS NULL THEN tasks.error ELSE a.error END"),
+          {}),
     # (the error column is set from A and E together: see _ERROR)
     "R": ("""SELECT task_key, arg_max_null(fingerprint, i) AS fingerprint,
                     arg_max_null(content_hash, i) AS content_hash,
@@ -166,21 +165,19 @@ _SUMMARIES: dict[str, tuple[str, str]] = {
                     arg_max_null(cached_from, i) AS cached_from,
                     arg_max_null(attempt, i) AS attempt
              FROM lf_r GROUP BY task_key""",
-          ", ".join(f"{col} = CASE WHEN r.task_key IS NULL THEN tasks.{col} ELSE r.{src} END"
-                    for col, src in (("fingerprint", "fingerprint"),
-                                     ("result_hash", "content_hash"),
-                                     ("result_kind", "kind"), ("result_data", "data"),
-                                     ("result_uri", "uri"), ("result_size", "size"),
-                                     ("cached_from", "cached_from"),
-                                     ("result_attempt", "attempt")))),
+          {col: f"CASE WHEN r.task_key IS NULL THEN tasks.{col} ELSE r.{src} END"
+           for col, src in (("fingerprint", "fingerprint"), ("result_hash", "content_hash"),
+                            ("result_kind", "kind"), ("result_data", "data"),
+                            ("result_uri", "uri"), ("result_size", "size"),
+                            ("cached_from", "cached_from"), ("result_attempt", "attempt"))}),
 }
 
 #: The ``error`` column, by which of A and E a batch holds: an attempt's error, else why
 #: the task failed without one (a refused approval, an upstream that failed).
 _ERROR: dict[tuple[bool, bool], str] = {
-    (True, False): "error = CASE WHEN a.task_key IS NULL THEN tasks.error ELSE a.error END",
-    (False, True): "error = coalesce(tasks.error, e.fail_reason)",
-    (True, True): "error = coalesce(CASE WHEN a.task_key IS NULL THEN tasks.error "
+    (True, False): "CASE WHEN a.task_key IS NULL THEN tasks.error ELSE a.error END",
+    (False, True): "coalesce(tasks.error, e.fail_reason)",
+    (True, True): "coalesce(CASE WHEN a.task_key IS NULL THEN tasks.error "
                   "ELSE a.error END, e.fail_reason)",
 }
 
@@ -196,18 +193,22 @@ def _task_update(kinds: list[str], *, skip_new: bool = False) -> str:
         keys = f"SELECT task_key FROM ({keys}) EXCEPT SELECT task_key FROM lf_t"
     joins = " ".join(f"LEFT JOIN ({_SUMMARIES[k][0]}) {k.lower()} "
                      f"ON {k.lower()}.task_key = k.task_key" for k in kinds)
-    return (f"UPDATE tasks SET {_task_sets(kinds)} FROM ({keys}) k {joins} "
+    sets = ", ".join(f"{col} = {expr}" for col, expr in _task_sets(kinds).items())
+    return (f"UPDATE tasks SET {sets} FROM ({keys}) k {joins} "
             f"WHERE tasks.run_id = ? AND tasks.task_key = k.task_key")
 
 
-def _task_sets(kinds: list[str]) -> str:
-    """The ``SET`` list of the task update for a batch holding ``kinds`` (of E, A, R)."""
-    counts = ", ".join(f"coalesce({k.lower()}.attempts, 0)" for k in kinds if k != "R")
-    sets = ", ".join(_SUMMARIES[k][1] for k in kinds if k != "A")
+def _task_sets(kinds: list[str]) -> dict[str, str]:
+    """The columns the task update sets for a batch holding ``kinds`` (of E, A, R), and
+    their expressions (over ``tasks.*`` and the batch's summaries)."""
+    sets: dict[str, str] = {}
+    for k in kinds:
+        sets.update(_SUMMARIES[k][1])
     if "A" in kinds or "E" in kinds:
-        sets = ", ".join(s for s in (sets, _ERROR[("A" in kinds, "E" in kinds)]) if s)
+        sets["error"] = _ERROR[("A" in kinds, "E" in kinds)]
+    counts = ", ".join(f"coalesce({k.lower()}.attempts, 0)" for k in kinds if k != "R")
     if counts:
-        sets += f", attempts = greatest(tasks.attempts, {counts})"
+        sets["attempts"] = f"greatest(tasks.attempts, {counts})"
     return sets
 
 
@@ -225,48 +226,13 @@ def _task_insert(kinds: list[str]) -> str:
     :func:`_task_update`, applied to a row as created (one write a task, not two)."""
     joins = " ".join(f"LEFT JOIN ({_SUMMARIES[k][0]}) {k.lower()} "
                      f"ON {k.lower()}.task_key = t.task_key" for k in kinds)
-    exprs: dict[str, str] = {}
-    if kinds:
-        for item in _split_sets(_task_sets(kinds)):
-            col, expr = item.split(" = ", 1)
-            exprs[col.strip()] = re.sub(r"\btasks\.(\w+)",
-                                        lambda m: _NEW_TASK.get(m.group(1), "NULL"), expr)
+    exprs = {col: re.sub(r"\btasks\.(\w+)", lambda m: _NEW_TASK.get(m.group(1), "NULL"), expr)
+             for col, expr in _task_sets(kinds).items()}
     values = ", ".join(exprs.get(c, _NEW_TASK.get(c, "NULL")) for c in _TASK_STATE_COLUMNS)
     return ("INSERT INTO tasks (run_id, task_key, task_name, node, item_key, position, "
             f"upstream, code_version, {', '.join(_TASK_STATE_COLUMNS)}) "
             "SELECT ?, t.task_key, t.task_name, t.node, t.item_key, t.position, t.upstream, "
             f"t.code_version, {values} FROM lf_t t {joins} ORDER BY t.i")
-
-
-def _split_sets(sets: str) -> list[str]:
-    """``a = x, b = f(y, z)`` -> ``["a = x", "b = f(y, z)"]`` (commas inside parentheses,
-    CASE ... END and quotes stay)."""
-    out: list[str] = []
-    depth = 0
-    quoted = False
-    start = 0
-    words = re.compile(r"\b(CASE|END)\b")
-    for i, ch in enumerate(sets):
-        if ch == "'":
-            quoted = not quoted
-        elif quoted:
-            continue
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        elif ch == "," and depth == 0 and _case_depth(words, sets[start:i]) == 0:
-            out.append(sets[start:i].strip())
-            start = i + 1
-    out.append(sets[start:].strip())
-    return [o for o in out if o]
-
-
-def _case_depth(words: re.Pattern[str], text: str) -> int:
-    depth = 0
-    for m in words.finditer(text):
-        depth += 1 if m.group(1) == "CASE" else -1
-    return depth
 
 
 def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> None:
