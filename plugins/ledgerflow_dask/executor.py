@@ -58,6 +58,9 @@ from .worker import load_completion, mark_cancelled, run_job
 log = logging.getLogger("ledgerflow.dask")
 
 _STOP = ("stop",)
+#: Jobs queued ahead per worker thread by default: enough that a worker finds its next
+#: task waiting while the previous result travels back through the scheduler.
+_AHEAD_PER_THREAD = 64
 _NAME = re.compile(r"[^A-Za-z0-9_.]+")
 
 
@@ -90,6 +93,10 @@ class DaskExecutor:
         connect_timeout: seconds to wait for a remote scheduler.
         direct: fetch results straight from the workers (default: yes on the
             local cluster, Dask's choice otherwise).
+        queue_ahead: jobs without a timeout kept submitted beyond ``workers``, so
+            the cluster always has the next ones while results travel back
+            (default: 64 per worker thread of the cluster; 0 submits one job per
+            free worker, like the other executors).
         cluster_kwargs: extra keyword arguments for ``LocalCluster``.
     """
 
@@ -99,6 +106,7 @@ class DaskExecutor:
                  n_workers: int | None = None, cancel_grace: float = 1.0,
                  scatter_above: int = 1 << 20, ship_modules: Iterable[str] = (),
                  connect_timeout: float = 10.0, direct: bool | None = None,
+                 queue_ahead: int | None = None,
                  cluster_kwargs: dict[str, Any] | None = None) -> None:
         self.address = address
         self.n_workers = n_workers
@@ -120,13 +128,25 @@ class DaskExecutor:
         self._topic: str | None = None
         self._shipped: set[str] = set()
         self._direct = direct
+        self._queue_ahead = queue_ahead
+        #: read by the runner after :meth:`start` (see ledgerflow.executor.Executor)
+        self.queue_ahead = 0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DaskExecutor:
         """Build from settings (``dask_address``; options ``dask_cancel_grace``...)."""
         opts = settings.options
+        raw = opts.get("dask_queue_ahead")
+        ahead = None
+        if raw not in (None, ""):
+            try:
+                ahead = int(raw)
+            except ValueError:
+                raise ConfigError(f"dask_queue_ahead must be a whole number, given: {raw!r}",
+                                  hint="pass 0 or more (0: one job per free worker)") from None
         return cls(settings.dask_address,
                    cancel_grace=float(opts.get("dask_cancel_grace", 1.0)),
+                   queue_ahead=ahead,
                    connect_timeout=float(opts.get("dask_connect_timeout", 10.0)),
                    ship_modules=[m for m in opts.get("dask_ship_modules", "").split(",") if m])
 
@@ -181,6 +201,14 @@ class DaskExecutor:
         """Connect (or start the local cluster) and the reporting thread."""
         self._done = on_complete
         self.connect(workers)
+        if self._queue_ahead is not None:
+            self.queue_ahead = max(0, self._queue_ahead)
+        else:
+            try:
+                threads = sum(self.client.nthreads().values())
+            except Exception:   # cannot tell: as many as the runner's workers
+                threads = workers
+            self.queue_ahead = _AHEAD_PER_THREAD * max(1, threads)
         self._watch_restarts()
         self._thread = threading.Thread(target=self._control, name="ledgerflow-dask",
                                         daemon=True)

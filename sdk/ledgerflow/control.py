@@ -34,6 +34,7 @@ from .loading import abs_target, load_module, load_target, pipelines_in
 from .pipeline import Pipeline
 from .resume import decide
 from .states import RUN_TERMINAL, RunState, TaskState
+from .store import reading
 from .views import RunView
 
 __all__ = [
@@ -125,8 +126,9 @@ def resume(run_id: str, *, store: StoreArg = None, executor: object = None,
     settings = settings_for(store, executor, workers, fail_fast, dask_address=dask_address,
                             logs=logs, wait_approvals=wait_approvals)
     st = store_for(settings, store)
-    view = st.get_run(run_id, tasks=False)
-    deciding.apply_deadlines(st, run_id)
+    with reading(st):
+        view = st.get_run(run_id, tasks=False)
+        deciding.apply_deadlines(st, run_id)
     refuse_resume(view)
     pipe = pipeline or recorded_pipeline(view)
     return continue_run(pipe, view, st, settings=settings, executor=executor, wait=wait,

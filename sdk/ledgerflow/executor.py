@@ -115,6 +115,11 @@ class Executor(Protocol):
     * ``inline_when_alone = True``: the runner may call a task in the driver
       thread when it is the only one that can run and has no timeout (a chain
       then pays no thread hand-off; the ``threads`` executor declares it).
+    * ``queue_ahead = N``: the runner may keep up to ``N`` jobs submitted beyond
+      ``workers``, so a cluster's queue does not run dry while results travel
+      back (the ``dask`` executor). Only jobs without a timeout go ahead: a
+      timeout is counted from the submit, so a job with one is submitted only
+      when a worker is free for it.
     """
 
     name: str
@@ -133,6 +138,11 @@ class Executor(Protocol):
 
     def shutdown(self) -> None:
         """Release workers; called once per drive."""
+
+
+def queue_ahead(executor: object) -> int:
+    """How many jobs without a timeout ``executor`` takes beyond ``workers`` (see Executor)."""
+    return max(0, int(getattr(executor, "queue_ahead", 0) or 0))
 
 
 def inline_when_alone(executor: object) -> bool:

@@ -29,7 +29,7 @@ from .plan import UNSET
 from .plugins import get_plugin_manager
 from .runner import Runner
 from .states import RunState, TaskState
-from .store import Lease, RunStore
+from .store import Lease, RunStore, reading
 from .task import MapRef, TaskRef
 from .views import RunView, usage_summary
 
@@ -473,10 +473,13 @@ def continue_run(pipe: Pipeline[..., Any], view: RunView, st: RunStore, *,
     st.recover()
     lease: Lease = st.take_over(view.run_id)
     # re-read: the takeover folded what the old driver left
-    with quiet_gc():
+    with quiet_gc(), reading(st):
         prior = st.get_run(view.run_id, upstream=False)
-    cache = st.cache_lookup(sorted({n.task.name for n in graph if n.task.options.cache}),
-                            exclude_run=view.run_id)
+        cache = st.cache_lookup(sorted({n.task.name for n in graph if n.task.options.cache}),
+                                exclude_run=view.run_id)
+    begin = getattr(progress, "begin", None)
+    if begin is not None:       # the display starts from the counts the run had
+        begin(prior.counts())
     runner = _runner(graph, st, ex, settings, view.run_id, prior, cache, progress,
                      cancel_event)
     runner.take_over(lease)

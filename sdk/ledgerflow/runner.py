@@ -46,7 +46,15 @@ from .errors import (
     LeaseLostError,
     PipelineError,
 )
-from .executor import Completion, Executor, Job, execute, inline_when_alone, runs_in_driver
+from .executor import (
+    Completion,
+    Executor,
+    Job,
+    execute,
+    inline_when_alone,
+    queue_ahead,
+    runs_in_driver,
+)
 from .graph import Graph
 from .keys import fingerprint_base, finish_fingerprint
 from .plan import UNSET, Instance, Plan
@@ -83,7 +91,7 @@ from .states import (
     run_transition,
     transition,
 )
-from .store import CacheHit, Lease, RunStore
+from .store import CacheHit, Lease, RunStore, reading
 from .task import MapRef, TaskRef
 from .views import RunView, TaskRow
 
@@ -174,6 +182,7 @@ class Runner:
         self._driver = threading.get_ident()
         self.in_driver = runs_in_driver(executor)
         self.workers = 1 if self.in_driver else settings.workers
+        self.window = self.workers      # with the executor's queue_ahead (set by drive)
         self.inline_when_alone = inline_when_alone(executor)
         self.echo = settings.logs
         self.wait_approvals = settings.wait_approvals
@@ -431,7 +440,8 @@ class Runner:
         with quiet_gc():
             try:
                 if self.prior is not None:
-                    self._load_signals()
+                    with reading(self.store):
+                        self._load_signals()
                 self._adopt(self.plan.instantiate())
                 return self._loop()
             finally:
@@ -449,9 +459,11 @@ class Runner:
 
     def _loop(self) -> str:
         workers = self.workers
+        self.window = workers + queue_ahead(self.executor)
         while True:
             self._poll_cancel()
-            while self.ready and self.inflight < workers and not self.cancelling:
+            while self.ready and not self.cancelling and (self.inflight < workers
+                                                          or self._ahead()):
                 inst = self.ready.popleft()
                 if inst.state == _READY:
                     self._dispatch(inst)
@@ -459,7 +471,7 @@ class Runner:
                     self._flush()       # bound the group commit (and the journal line)
             self._commit()
             self._drain()
-            if self.ready and self.inflight < workers and not self.cancelling:
+            if self.ready and not self.cancelling and (self.inflight < workers or self._ahead()):
                 continue
             if self.active <= 0 and self.inflight == 0 and not self.ready:
                 break
@@ -482,6 +494,11 @@ class Runner:
             self._drain()
             self._fire_timers()
         return self._finish()
+
+    def _ahead(self) -> bool:
+        """With every worker busy: may the next ready task be queued ahead? Only within
+        the executor's ``queue_ahead`` and without a timeout (counted from the submit)."""
+        return self.inflight < self.window and self.ready[0].node.task.options.timeout is None
 
     def _retries_due(self) -> bool:
         return any(kind == "retry" for _, _, kind, _ in self.timers)

@@ -9,6 +9,7 @@ contract suite in :mod:`ledgerflow.testing` checks this).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -134,3 +135,14 @@ class RunStore(Protocol):
 
     def close(self) -> None:
         """Release files and connections."""
+
+
+def reading(store: object) -> contextlib.AbstractContextManager[None]:
+    """A block of reads sharing one connection, where the store offers it (its optional
+    ``reading()``: the DuckDB store opens its file once for the block, not once a read).
+
+    Only around reads that follow one another: the block keeps the ledger to this
+    thread, so never around driving a run.
+    """
+    block = getattr(store, "reading", None)
+    return block() if block is not None else contextlib.nullcontext()

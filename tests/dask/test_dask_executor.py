@@ -20,6 +20,7 @@ import ledgerflow as lf
 from ledgerflow import NonRetryableError, context, pipeline, task
 from ledgerflow.config import Settings
 from ledgerflow.control import make_executor
+from ledgerflow.errors import ConfigError
 from ledgerflow_dask import DaskExecutor
 
 pytestmark = [
@@ -140,6 +141,22 @@ def test_plugin_builds_the_executor() -> None:
     ex = make_executor("dask", Settings(workers=2, options={"dask_cancel_grace": "0.5"}))
     assert isinstance(ex, DaskExecutor)
     assert ex.address is None and ex.cancel_grace == 0.5
+
+
+def test_queue_ahead_option() -> None:
+    ex = make_executor("dask", Settings(workers=2, options={"dask_queue_ahead": "5"}))
+    assert isinstance(ex, DaskExecutor) and ex._queue_ahead == 5
+    with pytest.raises(ConfigError, match="dask_queue_ahead must be a whole number"):
+        make_executor("dask", Settings(workers=2, options={"dask_queue_ahead": "lots"}))
+
+
+def test_jobs_queue_ahead_of_the_workers_by_default(store: str, shared_client: Any) -> None:
+    ex = DaskExecutor(client=shared_client)
+    run = fan.run(n=50, executor=ex, store=store, workers=2)
+    assert run.state == "succeeded"
+    assert run.result() == sum(i * i for i in range(50))
+    threads = sum(shared_client.nthreads().values())
+    assert ex.queue_ahead == 64 * threads
 
 
 def test_fan_out_of_200_on_its_own_local_cluster(store: str) -> None:

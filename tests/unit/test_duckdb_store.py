@@ -162,3 +162,40 @@ def test_a_bounded_fold_stops_between_batches_and_the_next_one_continues(
     assert len(offsets) > 3 and offsets == sorted(offsets) and offsets[-1] == size
     mem = fan.run(n=400, store=f"memory:{tmp_path}", executor="inline")
     assert _rows(mem.status()) == _rows(ledgerflow.get_run(run.run_id, store=path).status())
+
+
+def test_a_reading_block_opens_the_ledger_once(tmp_path, monkeypatch) -> None:
+    import duckdb
+
+    from ledgerflow.store import reading
+    from ledgerflow_stores.duckdb import connection
+
+    path = str(tmp_path / "l.duckdb")
+    run = fan.run(n=5, store=path, executor="inline")
+    st = DuckDBStore(path)
+    opens: list[bool] = []
+    real = connection.Ledger._open
+    monkeypatch.setattr(connection.Ledger, "_open",
+                        lambda self, write: opens.append(write) or real(self, write))
+    with reading(st):
+        assert st.get_run(run.run_id).state == "failed"
+        assert st.approvals(run.run_id) == []
+        assert st.notices(run.run_id) == []
+        assert st.attempts(run.run_id)
+    assert opens == [False]
+    st.get_run(run.run_id)                     # outside the block: a connection a read
+    assert opens == [False, False]
+    duckdb.connect(path).close()               # the block let the file go
+
+
+def test_a_write_inside_a_reading_block_reopens_for_the_reads_after_it(tmp_path) -> None:
+    path = str(tmp_path / "l.duckdb")
+    run = fan.run(n=5, store=path, executor="inline")
+    st = DuckDBStore(path)
+    with st.reading():
+        before = st.get_run(run.run_id, tasks=False)
+        lease = st.take_over(run.run_id)        # a write: the kept read connection goes
+        st.release(lease)
+        after = st.get_run(run.run_id, tasks=False)
+    assert (before.state, after.state) == ("failed", "failed")
+    assert after.driver_alive is False

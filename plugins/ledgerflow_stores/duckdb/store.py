@@ -15,6 +15,7 @@ work while a run is active. Leases and cancel requests are files
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -246,6 +247,11 @@ class DuckDBStore:
         except OSError as exc:
             raise StoreError(f"cannot fold the journals of {self.location}: {exc}",
                              hint="check the ledger folder's permissions") from None
+
+    def reading(self) -> contextlib.AbstractContextManager[None]:
+        """One read connection for every read of this thread in the block (see
+        :meth:`Ledger.reading`)."""
+        return self.ledger.reading()
 
     def doctor(self) -> list[dict[str, Any]]:
         """What is wrong with this ledger, in plain words (see :mod:`.doctor`)."""

@@ -20,6 +20,7 @@ from ..errors import InputError, PluginError
 from ..launch import Run, read_run
 from ..pipeline import Pipeline
 from ..states import RunState
+from ..store import reading
 from ..views import RunView, counts_text, iso, lineage_of
 from .guard import guard
 from .params import convert_params
@@ -276,7 +277,7 @@ def resume(run_id: str, plan: bool, store: str | None, executor: str | None,
                 out(f"  {action:<6} {key}: {why}")
         return
     api.check_executor(executor)
-    prior = api.open_ledger(store).get_run(run_id, upstream=False)
+    api.open_ledger(store).get_run(run_id, tasks=False)     # the run exists: say so
     if not as_json:
         out(f"run {run_id}  resuming")
 
@@ -285,7 +286,7 @@ def resume(run_id: str, plan: bool, store: str | None, executor: str | None,
                           progress=progress, cancel_event=cancel, dask_address=dask_address,
                           logs=logs or None, wait_approvals=wait_approvals or None)
 
-    _finish(_drive(start, as_json, prior.counts()), as_json)
+    _finish(_drive(start, as_json, None), as_json)
 
 
 @main.command()
@@ -322,6 +323,12 @@ def status(run_id: str, task_key: str | None, all_rows: bool, store: str | None,
       pipeline status 20261129-194138-3fa9c2 --task 'embed[a.md]'
     """
     st = api.open_ledger(store)
+    with reading(st):
+        _status(st, run_id, task_key, all_rows, as_json)
+
+
+def _status(st: Any, run_id: str, task_key: str | None, all_rows: bool,
+            as_json: bool) -> None:
     view = read_run(st, run_id, upstream=False)
     if task_key is not None:
         _task_status(st, view, task_key, as_json)

@@ -66,6 +66,10 @@ class Lines:
         self.printed_ok = 0
         self.printed_bad = 0
 
+    def begin(self, counts: Mapping[str, int]) -> None:
+        """Start from a resumed run's counts (read by the resume itself)."""
+        self.counts = Counts(counts)
+
     def __call__(self, key: str, old: str, new: str) -> None:
         self.counts.move(old, new)
         if new in _FAILED_LIKE:
@@ -105,6 +109,11 @@ class Bar:
                                            detail="")
         self.progress.start()
         self.last = 0.0
+
+    def begin(self, counts: Mapping[str, int]) -> None:
+        """Start from a resumed run's counts (read by the resume itself)."""
+        self.counts = Counts(counts)
+        self._draw()
 
     def __call__(self, key: str, old: str, new: str) -> None:
         self.counts.move(old, new)
