@@ -47,9 +47,6 @@ from ledgerflow.errors import PluginError
 
 from . import hookspecs
 from ._canonical import canonical_json, digest
-from .agent import agent_task
-from .budget import Budget
-from .calls import model_call
 from .errors import (
     BudgetExceeded,
     GovernanceError,
@@ -62,7 +59,6 @@ from .errors import (
     StepsExceeded,
     ToolNotAllowed,
 )
-from .limits import KeyLimits
 from .mock import MockModel
 from .provider import (
     ChatModel,
@@ -74,10 +70,30 @@ from .provider import (
     Usage,
     estimate_tokens_from_bytes,
 )
-from .tools import Arg, Tool, tool
 
 if TYPE_CHECKING:
     import pluggy
+
+    from .agent import agent_task as agent_task
+    from .budget import Budget as Budget
+    from .calls import model_call as model_call
+    from .limits import KeyLimits as KeyLimits
+    from .tools import Arg as Arg
+    from .tools import Tool as Tool
+    from .tools import tool as tool
+
+#: Imported on first use: every ``pipeline`` command loads this plugin for its
+#: hooks, and the agent loop, budgets and tools cost ~20 ms to import.
+_LAZY = {"agent_task": "agent", "Budget": "budget", "model_call": "calls",
+         "KeyLimits": "limits", "Arg": "tools", "Tool": "tools", "tool": "tools"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "Arg",
