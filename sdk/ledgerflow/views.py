@@ -61,6 +61,19 @@ class TaskRow:
 
 
 @dataclass(slots=True)
+class TaskGroup:
+    """The tasks of one name in a run, summed (``pipeline status`` of a big run)."""
+
+    name: str
+    count: int
+    states: dict[str, int]
+    cached: int
+    busy: float
+    #: ``key: error`` of the first task of the name that did not succeed, or "".
+    first_error: str = ""
+
+
+@dataclass(slots=True)
 class RunView:
     """A run and its tasks, as any process can read them."""
 
@@ -83,6 +96,10 @@ class RunView:
     task_counts: dict[str, int] | None = None
     #: Set when a journal of the run is damaged: where, and what is not applied.
     damage: str | None = None
+    #: Set by a summary read (no task rows): the tasks per name, in the run's order,
+    #: and the earliest task that failed by itself.
+    groups: list[TaskGroup] | None = None
+    first_failure: TaskRow | None = None
 
     @property
     def active(self) -> bool:

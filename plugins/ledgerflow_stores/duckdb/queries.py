@@ -13,7 +13,7 @@ from typing import Any
 
 from ledgerflow.records import Record, columns, field_types
 from ledgerflow.store import CacheHit
-from ledgerflow.views import RunView, TaskRow
+from ledgerflow.views import RunView, TaskGroup, TaskRow
 
 Folded = dict[int, int]      # token -> journal offset folded
 
@@ -56,6 +56,41 @@ def load_run(con: Any, run_id: str, *, tasks: bool = True,
         by_key[r[0]] = TaskRow(r[0], r[1], r[2], r[3], r[4], list(r[5] or ()), r[6], r[7],
                                r[8] or 0, r[9] or 0, r[10], r[11], r[12], r[13], r[14],
                                r[15], r[16], r[17], r[18] or 0, r[19], r[20] or 0)
+    return view
+
+
+def summarize(con: Any, view: RunView, min_tasks: int) -> RunView | None:
+    """Fill ``view`` (a run row) with its tasks summed per name, in SQL: the counts,
+    groups and first failure ``pipeline status`` shows for a big run, without a
+    Python object a task. None if the run has ``min_tasks`` tasks or fewer."""
+    rid = view.run_id
+    counts = dict(con.execute("SELECT state, count(*) FROM tasks WHERE run_id = ? "
+                              "GROUP BY state", [rid]).fetchall())
+    if sum(counts.values()) <= min_tasks:
+        return None
+    name = "coalesce(nullif(task_name, ''), task_key)"
+    per_state: dict[str, dict[str, int]] = {}
+    for n, state, c in con.execute(f"SELECT {name}, state, count(*) FROM tasks "
+                                   "WHERE run_id = ? GROUP BY ALL", [rid]).fetchall():
+        per_state.setdefault(n, {})[state] = c
+    groups = []
+    for n, c, cached, busy, err in con.execute(
+            f"SELECT {name} AS n, count(*), count(nullif(cached_from, '')), "
+            "coalesce(sum(ended_at - started_at) FILTER (WHERE started_at > 0 "
+            "AND ended_at > 0), 0), "
+            "arg_min(task_key || ': ' || error, rowid) FILTER (WHERE error <> '' "
+            "AND state <> 'succeeded') "
+            "FROM tasks WHERE run_id = ? GROUP BY n ORDER BY min(rowid)", [rid]).fetchall():
+        groups.append(TaskGroup(n, c, per_state.get(n, {}), cached, float(busy), err or ""))
+    first = con.execute("SELECT task_key, task_name, error, ended_at FROM tasks "
+                        "WHERE run_id = ? AND state = 'failed' "
+                        "ORDER BY coalesce(ended_at, 0), task_key LIMIT 1", [rid]).fetchall()
+    view.task_counts = counts
+    view.groups = groups
+    if first:
+        key, task_name, error, ended = first[0]
+        view.first_failure = TaskRow(key, task_name, state="failed", error=error,
+                                     ended_at=ended)
     return view
 
 

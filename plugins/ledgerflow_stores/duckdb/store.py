@@ -53,7 +53,7 @@ from ledgerflow.records import (
     Transition,
 )
 from ledgerflow.results import Encoded
-from ledgerflow.states import RUN_ACTIVE
+from ledgerflow.states import RUN_ACTIVE, TaskState
 from ledgerflow.store import CacheHit, Lease
 from ledgerflow.views import (
     RunView,
@@ -324,6 +324,23 @@ class DuckDBStore:
         view.damage = "; ".join(damage) or None
         view.driver_alive = self.driver_alive(run_id) if view.state in _ACTIVE else False
         return view
+
+    def summarize(self, run_id: str, *, min_tasks: int = 500) -> RunView | None:
+        """The run with its tasks summed per name and no task rows (see
+        :func:`.queries.summarize`), for a big run whose journal is all folded; None
+        when only a full read answers right (few tasks, a journal not folded yet, damage,
+        approvals waiting: their decisions are overlaid on the rows)."""
+        if self.journals.segments(run_id):
+            return None
+        with self.ledger.connect(False) as con:
+            view = queries.load_run(con, run_id, tasks=False)
+            if view is None or queries.damage(con, run_id):
+                return None
+            summed = queries.summarize(con, view, min_tasks)
+        if summed is None or (summed.task_counts or {}).get(TaskState.WAITING_APPROVAL.value):
+            return None
+        summed.driver_alive = self.driver_alive(run_id) if summed.state in _ACTIVE else False
+        return summed
 
     def list_runs(self, limit: int = 50) -> list[RunView]:
         with self.ledger.connect(False) as con:

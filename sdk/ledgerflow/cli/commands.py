@@ -24,7 +24,7 @@ from ..store import reading
 from ..views import RunView, counts_text, iso, lineage_of
 from .guard import guard
 from .params import convert_params
-from .render import dumps, out, progress_for, summary
+from .render import STATUS_ROWS, dumps, out, progress_for, summary
 
 STORE = click.option("--store", envvar="LEDGERFLOW_STORE", metavar="PATH|URL",
                      help="Ledger file, or a postgresql:// URL [env LEDGERFLOW_STORE; "
@@ -329,7 +329,12 @@ def status(run_id: str, task_key: str | None, all_rows: bool, store: str | None,
 
 def _status(st: Any, run_id: str, task_key: str | None, all_rows: bool,
             as_json: bool) -> None:
-    view = read_run(st, run_id, upstream=False)
+    view = None
+    summarize = getattr(st, "summarize", None)
+    if summarize is not None and task_key is None and not as_json and not all_rows:
+        view = summarize(run_id, min_tasks=STATUS_ROWS)     # a big run: summed in the store
+    if view is None:
+        view = read_run(st, run_id, upstream=False)
     if task_key is not None:
         _task_status(st, view, task_key, as_json)
         return

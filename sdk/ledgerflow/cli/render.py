@@ -16,10 +16,12 @@ from typing import Any
 import click
 
 from ..states import FAILED_LIKE, TERMINAL, TaskState
-from ..views import RunView, TaskRow, counts_text
+from ..views import RunView, TaskGroup, TaskRow, counts_text
 
 #: Above this many tasks, tables and logs show one row per task name.
 ROW_LIMIT = 50
+#: ``pipeline status`` lists every task of a run up to this many (beyond: per name).
+STATUS_ROWS = 500
 #: Per-task lines printed for failures before they are only counted.
 FAILURE_LINES = 20
 _TERMINAL = frozenset(s.value for s in TERMINAL)
@@ -158,7 +160,12 @@ def summary(view: RunView, *, all_rows: bool = False, every_row: bool = False) -
     rows = list(view.tasks.values())
     table = Table(title=escape(f"run {view.run_id} ({view.pipeline}): {view.state}"),
                   title_justify="left")
-    if every_row or len(rows) <= (500 if all_rows else ROW_LIMIT):
+    if view.groups is not None:     # summed by the store: one line per task name
+        for col in ("task", "tasks", "states", "cached", "busy time", "first error"):
+            table.add_column(col, overflow="fold")
+        for g in view.groups:
+            _group_row(table, g)
+    elif every_row or len(rows) <= (STATUS_ROWS if all_rows else ROW_LIMIT):
         for col in ("task", "state", "attempts", "duration", "error"):
             table.add_column(col, overflow="fold")
         for r in rows:
@@ -179,15 +186,17 @@ def summary(view: RunView, *, all_rows: bool = False, every_row: bool = False) -
             busy = sum(r.ended_at - r.started_at for r in group if r.started_at and r.ended_at)
             err = next((f"{r.key}: {r.error}" for r in group if r.error
                         and r.state != TaskState.SUCCEEDED), "")
-            table.add_row(escape(name), str(len(group)), ", ".join(
-                f"[{_COLOURS.get(s, 'white')}]{n} {s}[/]" for s, n in sorted(states.items())),
-                str(sum(1 for r in group if r.cached_from)), f"{busy:.2f}s", escape(err[:120]))
+            _group_row(table, TaskGroup(name, len(group), states,
+                                        sum(1 for r in group if r.cached_from), busy, err))
     console.print(table)
     console.print(f"tasks: {counts_text(view.counts())}")
-    causes = view.root_causes()
-    if causes:
-        first = causes[0]
-        more = f" (and {len(causes) - 1} more)" if len(causes) > 1 else ""
+    if view.groups is not None:
+        first, failed = view.first_failure, view.counts().get(TaskState.FAILED.value, 0)
+    else:
+        causes = view.root_causes()
+        first, failed = (causes[0] if causes else None), len(causes)
+    if first is not None:
+        more = f" (and {failed - 1} more)" if failed > 1 else ""
         console.print(f"root cause: {escape(first.key)}: {escape(first.error or 'failed')}"
                       f"{more}", markup=True)
     if view.state == "waiting":
@@ -196,6 +205,13 @@ def summary(view: RunView, *, all_rows: bool = False, every_row: bool = False) -
         console.print(f"waiting for a driver: pipeline resume {view.run_id}")
     elif view.active and view.driver_alive is False:
         console.print(f"driver is gone: resume with  pipeline resume {view.run_id}")
+
+
+def _group_row(table: Any, g: TaskGroup) -> None:
+    from rich.markup import escape
+    table.add_row(escape(g.name), str(g.count), ", ".join(
+        f"[{_COLOURS.get(s, 'white')}]{n} {s}[/]" for s, n in sorted(g.states.items())),
+        str(g.cached), f"{g.busy:.2f}s", escape(g.first_error[:120]))
 
 
 def out(text: str = "", *, err: bool = False, nl: bool = True) -> None:

@@ -1,0 +1,80 @@
+"""``pipeline status`` of a big run: summed in SQL, the same table as from every row."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from ledgerflow import pipeline, task
+from ledgerflow.cli.render import summary
+from ledgerflow_stores.duckdb import DuckDBStore, FoldPolicy
+
+
+@task(retries=1)
+def maybe(i: int) -> int:
+    if i % 97 == 0:
+        raise ValueError(f"item {i}")
+    return i
+
+
+@task
+def square(i: int) -> int:
+    return i * i
+
+
+@task
+def total(xs: list[int]) -> int:
+    return sum(xs)
+
+
+@pipeline
+def big(n: int, salt: int = 0):
+    return [total(maybe.map(list(range(n)))), square.map(list(range(salt, salt + n)))]
+
+
+def _table(view, capsys) -> str:
+    summary(view, all_rows=True)
+    return capsys.readouterr().out
+
+
+def test_a_big_run_summed_in_sql_shows_what_its_rows_show(tmp_path, capsys) -> None:
+    path = str(tmp_path / "l.duckdb")
+    big.run(n=300, store=path, executor="inline")
+    run = big.run(n=300, salt=150, store=path, executor="inline")   # half of it cached
+    st = DuckDBStore(path)
+    summed = st.summarize(run.run_id, min_tasks=500)
+    assert summed is not None and not summed.tasks
+    full = st.get_run(run.run_id, upstream=False)
+    assert summed.counts() == full.counts()
+    assert summed.counts()["failed"] == 4 and summed.counts()["upstream_failed"] == 1
+    assert [(g.name, g.count, g.cached) for g in summed.groups or []] == [
+        ("maybe", 300, 296), ("total", 1, 0), ("square", 300, 150)]
+    assert summed.first_failure is not None
+    assert summed.first_failure.key == full.root_causes()[0].key
+    table = _table(summed, capsys)
+    assert table == _table(full, capsys)
+    assert "root cause: maybe[0]: ValueError: item 0 (and 3 more)" in table
+
+
+def test_small_runs_and_unfolded_journals_are_read_row_by_row(tmp_path) -> None:
+    path = str(tmp_path / "l.duckdb")
+    run = big.run(n=20, store=path, executor="inline")
+    assert DuckDBStore(path).summarize(run.run_id, min_tasks=500) is None
+    assert DuckDBStore(path).summarize(run.run_id, min_tasks=10) is not None
+    unfolded = str(tmp_path / "u.duckdb")
+    st = DuckDBStore(unfolded, policy=FoldPolicy(fold_at_release=False, interval=3600))
+    run = big.run(n=20, store=st, executor="inline")
+    assert st.summarize(run.run_id, min_tasks=10) is None      # the tail needs the rows
+
+
+@pytest.mark.timeout(120)
+def test_pipeline_status_of_a_big_run(tmp_path) -> None:
+    path = str(tmp_path / "l.duckdb")
+    run = big.run(n=300, store=path, executor="inline")
+    out = subprocess.run([sys.executable, "-m", "ledgerflow", "status", run.run_id,
+                          "--store", path], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "│ maybe  │ 300   │ 4 failed, 296 succeeded" in out.stdout
+    assert "tasks: 4 failed, 596 succeeded, 1 upstream_failed" in out.stdout
