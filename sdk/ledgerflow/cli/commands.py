@@ -24,7 +24,7 @@ from ..store import reading
 from ..views import RunView, counts_text, iso, lineage_of
 from .guard import guard
 from .params import convert_params
-from .render import STATUS_ROWS, dumps, out, progress_for, summary
+from .render import ROW_LIMIT, STATUS_ROWS, dumps, out, progress_for, summary
 
 STORE = click.option("--store", envvar="LEDGERFLOW_STORE", metavar="PATH|URL",
                      help="Ledger file, or a postgresql:// URL [env LEDGERFLOW_STORE; "
@@ -131,7 +131,11 @@ def _one_line(row: dict[str, Any]) -> str:
 
 
 def _finish(run: Run, as_json: bool) -> None:
-    view = read_run(run.store, run.run_id, upstream=False)
+    summarize = getattr(run.store, "summarize", None)
+    view = None if as_json or summarize is None else summarize(run.run_id,
+                                                                min_tasks=ROW_LIMIT)
+    if view is None:
+        view = read_run(run.store, run.run_id, upstream=False)
     waiting = view.state == RunState.WAITING
     if as_json:
         out(dumps(view.as_json()))
