@@ -107,17 +107,32 @@ def list_runs(con: Any, limit: int) -> list[tuple[RunView, tuple[Any, ...]]]:
     return list(out.values())
 
 
+_CACHED = ("FROM tasks WHERE state = 'succeeded' AND fingerprint IS NOT NULL "
+           "AND task_name = ANY(%s) AND run_id IS DISTINCT FROM %s")
+
+
 def cache_lookup(con: Any, names: list[str], exclude_run: str | None) -> dict[str, CacheHit]:
     """One committed result per fingerprint (the newest run's) of tasks named ``names``."""
     if not names:
         return {}
     rows = con.execute(
         "SELECT DISTINCT ON (fingerprint) fingerprint, run_id, task_key, result_hash, "
-        "result_kind, result_data, result_uri, result_size FROM tasks "
-        "WHERE state = 'succeeded' AND fingerprint IS NOT NULL "
-        "AND task_name = ANY(%s) AND run_id IS DISTINCT FROM %s "
+        f"result_kind, result_data, result_uri, result_size {_CACHED} "
         "ORDER BY fingerprint, run_id DESC", [names, exclude_run]).fetchall()
     return {fp: tuple(rest) for fp, *rest in rows}
+
+
+def cached_count(con: Any, names: list[str], exclude_run: str | None) -> int:
+    """How many committed results :func:`cache_lookup` chooses from."""
+    if not names:
+        return 0
+    return int(con.execute(f"SELECT count(*) {_CACHED}", [names, exclude_run]).fetchone()[0])
+
+
+def cached_fingerprints(con: Any, names: list[str], exclude_run: str | None) -> set[str]:
+    """The fingerprints :func:`cache_lookup` would map (without their entries)."""
+    return {fp for (fp,) in con.execute(f"SELECT DISTINCT fingerprint {_CACHED}",
+                                         [names, exclude_run]).fetchall()}
 
 
 def _select(kind: type[Record]) -> str:

@@ -37,7 +37,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
@@ -74,7 +74,7 @@ from ledgerflow.records import (
 )
 from ledgerflow.results import Encoded
 from ledgerflow.states import RUN_ACTIVE
-from ledgerflow.store import CacheHit, Lease
+from ledgerflow.store import CacheHit, CacheIndex, Lease
 from ledgerflow.views import (
     RunView,
     TaskRow,
@@ -692,11 +692,24 @@ class PostgresStore:
             "AND s.kind = 'cancel' AND s.token >= l.token LIMIT 1", [run_id]).fetchone(),
             f"reading run {run_id}"))
 
+    #: Cache entries read when a run starts, at most; beyond, the fingerprints alone
+    #: (the entries on the first hit: see :class:`ledgerflow.store.CacheIndex`).
+    cache_entries_at_start = 5000
+
     def cache_lookup(self, task_names: Iterable[str],
-                     exclude_run: str | None = None) -> dict[str, CacheHit]:
+                     exclude_run: str | None = None) -> Mapping[str, CacheHit]:
         names = list(task_names)
-        return self._read(  # type: ignore[no-any-return]
-            lambda con: queries.cache_lookup(con, names, exclude_run), "reading the cache")
+
+        def entries() -> dict[str, CacheHit]:
+            return self._read(  # type: ignore[no-any-return]
+                lambda con: queries.cache_lookup(con, names, exclude_run), "reading the cache")
+
+        def lookup(con: Any) -> dict[str, CacheHit] | set[str]:
+            if queries.cached_count(con, names, exclude_run) <= self.cache_entries_at_start:
+                return queries.cache_lookup(con, names, exclude_run)
+            return queries.cached_fingerprints(con, names, exclude_run)
+        found = self._read(lookup, "reading the cache")
+        return CacheIndex(found, entries) if isinstance(found, set) else found
 
     @staticmethod
     def _kind_rows(con: Any, run_id: str, kind: type[R], task_key: str | None = None,

@@ -10,7 +10,7 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
 from . import deciding
@@ -487,7 +487,7 @@ def continue_run(pipe: Pipeline[..., Any], view: RunView, st: RunStore, *,
 
 
 def _runner(graph: Graph, st: RunStore, ex: Executor, settings: Settings, run_id: str,
-            prior: RunView | None, cache: dict[str, Any], progress: Any,
+            prior: RunView | None, cache: Mapping[str, Any], progress: Any,
             cancel_event: threading.Event | None) -> Runner:
     hooks = get_plugin_manager().hook
     changed, ended = hooks.ledgerflow_task_state_changed, hooks.ledgerflow_attempt_finished

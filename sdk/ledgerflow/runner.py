@@ -33,7 +33,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ._gc import quiet_gc
@@ -131,7 +131,7 @@ class Runner:
 
     def __init__(self, *, graph: Graph, store: RunStore, executor: Executor,
                  settings: Settings, run_id: str, prior: RunView | None = None,
-                 cache: dict[str, CacheHit] | None = None,
+                 cache: Mapping[str, CacheHit] | None = None,
                  hook_changed: Callable[..., Any] | None = None,
                  hook_attempt: Callable[..., Any] | None = None,
                  hook_records: Callable[..., Any] | None = None,
@@ -144,7 +144,7 @@ class Runner:
         self.settings = settings
         self.run_id = run_id
         self.prior = prior
-        self.cache = cache or {}
+        self.cache: Mapping[str, CacheHit] = cache if cache is not None else {}
         self.hook_changed = hook_changed
         self.hook_attempt = hook_attempt
         self.ended: list[AttemptEnded] = []     # told to observers after the commit

@@ -10,7 +10,7 @@ contract suite in :mod:`ledgerflow.testing` checks this).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -20,6 +20,46 @@ from .views import RunView
 
 #: A cache-index entry: (run_id, task_key, content hash, kind, data, uri, size).
 CacheHit = tuple[str, str, str, str, "str | None", "str | None", int]
+
+
+class CacheIndex(Mapping[str, CacheHit]):
+    """The fingerprints with a committed result, their entries read on the first hit.
+
+    A ledger that ran a task 100,000 times with other inputs holds 100,000
+    entries that a new run almost never hits: a store hands the runner the
+    fingerprints alone (a set) and ``load`` reads the entries only when a task
+    does hit one.
+    """
+
+    def __init__(self, fingerprints: set[str],
+                 load: Callable[[], Mapping[str, CacheHit]]) -> None:
+        self.fingerprints = fingerprints
+        self._load = load
+        self._rows: Mapping[str, CacheHit] | None = None
+
+    def _entries(self) -> Mapping[str, CacheHit]:
+        if self._rows is None:
+            self._rows = self._load()
+        return self._rows
+
+    def __getitem__(self, fp: str) -> CacheHit:
+        if fp not in self.fingerprints:
+            raise KeyError(fp)
+        return self._entries()[fp]
+
+    def __contains__(self, fp: object) -> bool:
+        return fp in self.fingerprints and fp in self._entries()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries())
+
+    def __len__(self) -> int:
+        return len(self._entries())
+
+    @property
+    def loaded(self) -> bool:
+        """True once the entries were read (a task hit one)."""
+        return self._rows is not None
 
 
 @dataclass(slots=True, frozen=True)
@@ -72,9 +112,10 @@ class RunStore(Protocol):
         """True once a cancel was requested for ``run_id``; cheap (polled by drivers)."""
 
     def cache_lookup(self, task_names: Iterable[str],
-                     exclude_run: str | None = None) -> dict[str, CacheHit]:
+                     exclude_run: str | None = None) -> Mapping[str, CacheHit]:
         """Map fingerprint -> :data:`CacheHit` of committed results of these tasks
-        (``exclude_run``: a run being resumed keeps its own)."""
+        (``exclude_run``: a run being resumed keeps its own); a big index may come as
+        a :class:`CacheIndex` that reads its entries on the first hit."""
 
     def lineage(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
         """Lineage rows (direction, uri, content hash, attempt, code version)."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -54,7 +54,7 @@ from ledgerflow.records import (
 )
 from ledgerflow.results import Encoded
 from ledgerflow.states import RUN_ACTIVE, TaskState
-from ledgerflow.store import CacheHit, Lease
+from ledgerflow.store import CacheHit, CacheIndex, Lease
 from ledgerflow.views import (
     RunView,
     approval_rows,
@@ -363,10 +363,22 @@ class DuckDBStore:
     def cancel_requested(self, run_id: str) -> bool:
         return self.leases.cancel_requested(run_id)
 
+    #: Cache entries read when a run starts, at most; beyond, the fingerprints alone
+    #: (the entries on the first hit: see :class:`ledgerflow.store.CacheIndex`).
+    cache_entries_at_start = 5000
+
     def cache_lookup(self, task_names: Iterable[str],
-                     exclude_run: str | None = None) -> dict[str, CacheHit]:
+                     exclude_run: str | None = None) -> Mapping[str, CacheHit]:
+        names = list(task_names)
         with self.ledger.connect(False) as con:
-            return queries.cache_lookup(con, list(task_names), exclude_run)
+            if queries.cached_count(con, names, exclude_run) <= self.cache_entries_at_start:
+                return queries.cache_lookup(con, names, exclude_run)
+            fps = queries.cached_fingerprints(con, names, exclude_run)
+
+        def load() -> dict[str, CacheHit]:
+            with self.ledger.connect(False) as con:
+                return queries.cache_lookup(con, names, exclude_run)
+        return CacheIndex(fps, load)
 
     def _records(self, run_id: str, kind: type[R]) -> list[R]:
         """Every record of ``kind`` of a run: folded rows, then the journal tail."""
