@@ -14,6 +14,7 @@ run goes on.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -106,6 +107,7 @@ def _sql_cast(ann: Any, index: int) -> str:
     return f"r[{index}]"      # str, and dicts kept as their JSON text
 
 
+@functools.cache     # type hints are read once, not at every batch
 def stage_sql(kind: type[Record]) -> str:
     """The typed rows of one record kind in ``lf_raw`` (``i``: position in the batch)."""
     types_ = field_types(kind)
@@ -115,6 +117,7 @@ def stage_sql(kind: type[Record]) -> str:
     return f"SELECT i, {cols} FROM (SELECT rowid AS i, r FROM lf_raw) WHERE r[1] = '{tag}'"
 
 
+@functools.cache
 def _append_sql(kind: type[Record], source: str) -> str:
     cols = ", ".join(f'"{c}"' for c in columns(kind))
     token = ", token" if kind.TOKENED else ""
@@ -265,11 +268,13 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> Non
         scratch.unlink(missing_ok=True)
     # the kinds present, asked of DuckDB (which works without the GIL: scanning the
     # bytes here would hold up a driver thread of this process)
-    kinds = {k for (k,) in con.execute("SELECT DISTINCT r[1] FROM lf_raw").fetchall()}
+    # (and the run's own records, few, in one statement: each costs ~2 ms of planning)
+    found, small_rows = con.execute(
+        "SELECT list(DISTINCT r[1]), list(r ORDER BY rowid) FILTER "
+        "(WHERE r[1] IN ('D', 'H', 'S')) FROM lf_raw").fetchone()
+    kinds = set(found or ())
+    small = list(small_rows or ())
     # the lf_* temp tables are replaced by the next batch and go with the connection
-    small = [r for (r,) in con.execute(
-        "SELECT r FROM lf_raw WHERE r[1] IN ('D', 'H', 'S') ORDER BY rowid").fetchall()] \
-        if kinds & {"D", "H", "S"} else []
     _insert_run_records(con, run_id, token, small)
     staged = [k for k in _STAGED if k in kinds]
     for k in staged:
