@@ -114,7 +114,8 @@ def check(con: Any, location: str) -> int:
     try:    # the common case in one cheap query (the catalog query costs ~4 ms)
         row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
     except duckdb.CatalogException:
-        tables = con.execute("SELECT table_name FROM information_schema.tables").fetchall()
+        tables = con.execute("SELECT table_name FROM information_schema.tables "
+                             "WHERE table_catalog = current_database()").fetchall()
         if not tables:
             return 0
         raise NotALedgerError(f"{location} is a DuckDB file but not a ledgerflow "
