@@ -18,6 +18,7 @@ the ledgerflow ``dask`` executor (futures passed as arguments for a chain).
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import logging
 import os
 import sys
@@ -38,6 +39,9 @@ def installed(name: str) -> bool:
 
 # -- Hamilton ---------------------------------------------------------------------------
 
+_MODULES = itertools.count(1)
+
+
 def _hamilton_module(shape: str, n: int) -> tuple[types.ModuleType, list[str]]:
     """A module of ``n`` Hamilton functions (the graph is the functions' parameter names)."""
     from hamilton import ad_hoc_utils
@@ -54,8 +58,9 @@ def _hamilton_module(shape: str, n: int) -> tuple[types.ModuleType, list[str]]:
         for i in range(n):
             fns.append(_named(_const(i), f"n{i}"))
         outputs = [f"n{i}" for i in range(n)]
-    return ad_hoc_utils.create_temporary_module(*fns, module_name=f"lf_peer_{shape}_{n}"), \
-        outputs
+    # a new name each time: Hamilton refuses a module name it has seen (repeated runs)
+    name = f"lf_peer_{shape.replace('-', '_')}_{n}_{next(_MODULES)}"
+    return ad_hoc_utils.create_temporary_module(*fns, module_name=name), outputs
 
 
 def _named(fn: Any, name: str) -> Any:
