@@ -10,23 +10,12 @@ import pytest
 from ledgerflow import pipeline, task
 from ledgerflow.cli.render import summary
 from ledgerflow_stores.duckdb import DuckDBStore, FoldPolicy
-
-
-@task(retries=1)
-def maybe(i: int) -> int:
-    if i % 97 == 0:
-        raise ValueError(f"item {i}")
-    return i
+from tests.unit.test_duckdb_store import maybe, total
 
 
 @task
 def square(i: int) -> int:
     return i * i
-
-
-@task
-def total(xs: list[int]) -> int:
-    return sum(xs)
 
 
 @pipeline
