@@ -199,3 +199,33 @@ def test_a_write_inside_a_reading_block_reopens_for_the_reads_after_it(tmp_path)
         after = st.get_run(run.run_id, tasks=False)
     assert (before.state, after.state) == ("failed", "failed")
     assert after.driver_alive is False
+
+
+def test_a_ledger_path_with_a_quote_in_it(tmp_path) -> None:
+    folder = tmp_path / "it's here"
+    folder.mkdir()
+    path = str(folder / "l.duckdb")
+    run = fan.run(n=5, store=path, executor="inline")
+    assert run.state == "failed"
+    view = DuckDBStore(path).get_run(run.run_id)
+    assert view.counts() == {"failed": 1, "succeeded": 4, "upstream_failed": 1}
+    kept, _ = DuckDBStore(path).repair()        # attaches the old file by its path too
+    assert kept and DuckDBStore(path).get_run(run.run_id).counts() == view.counts()
+
+
+def test_a_resume_starts_its_progress_from_the_counts_the_run_had(tmp_path) -> None:
+    path = str(tmp_path / "l.duckdb")
+    run = fan.run(n=5, store=path, executor="inline")
+
+    class Progress:
+        begun: dict[str, int] | None = None
+
+        def begin(self, counts: dict[str, int]) -> None:
+            self.begun = dict(counts)
+
+        def __call__(self, key: str, old: str, new: str) -> None:
+            assert self.begun is not None, "a transition before begin()"
+
+    progress = Progress()
+    ledgerflow.resume(run.run_id, store=path, executor="inline", progress=progress)
+    assert progress.begun == {"failed": 1, "succeeded": 4, "upstream_failed": 1}

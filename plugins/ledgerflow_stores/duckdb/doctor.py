@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from ledgerflow.errors import NotALedgerError, NotResumableError, PipelineError, StoreError
+from ledgerflow.errors import NotALedgerError, NotResumableError, PipelineError
 from ledgerflow.projection import apply
 from ledgerflow.views import RunView
 
 from . import queries, schema
-from .connection import Ledger
+from .connection import Ledger, sql_string
 from .journal import Damage, read_records
 
 if TYPE_CHECKING:
@@ -225,7 +225,7 @@ def _copy_unjournaled(store: DuckDBStore, con: Any) -> list[str]:
         return []
     have = set(store.journals.all_runs())
     try:
-        con.execute(f"ATTACH '{_quote(store.location)}' AS old (READ_ONLY)")
+        con.execute(f"ATTACH {sql_string(store.location)} AS old (READ_ONLY)")
     except duckdb.Error as exc:
         return [f"the old file cannot be read ({str(exc).splitlines()[0][:120]}); every run "
                 "with a journal was rebuilt, runs folded by ledgerflow 0.1 without one (if "
@@ -255,12 +255,6 @@ def _copy_unjournaled(store: DuckDBStore, con: Any) -> list[str]:
     finally:
         con.execute("DETACH old")
     return notes
-
-
-def _quote(path: str) -> str:
-    if "'" in path:
-        raise StoreError(f"ledger path {path!r} holds a quote", hint="rename it")
-    return path
 
 
 _ = schema  # the fresh file gets the current schema through Ledger.connect(True)
