@@ -263,7 +263,7 @@ class Runner:
 
     def _restore(self, inst: Instance, row: TaskRow) -> None:
         """Take a task's state from the prior drive, then apply the resume policy."""
-        inst.state = check_restored(inst.key, row.state).value
+        inst.state = check_restored(inst.key, row.state)
         if inst.state not in _TERMINAL:
             self.active += 1
         inst.attempt = row.attempts

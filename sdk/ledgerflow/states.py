@@ -183,11 +183,11 @@ def transition(task_key: str, current: str | None, target: str, *,
     return TaskState(target)
 
 
-def check_restored(task_key: str, state: str) -> TaskState:
-    """Return the state a prior drive left a task in, if it is a known one."""
+def check_restored(task_key: str, state: str) -> str:
+    """Return the state a prior drive left a task in (its value), if it is a known one."""
     if state not in _TASK_VALUES:
         raise InvalidTransitionError(f"task {task_key!r} has unknown state {state!r}")
-    return TaskState(state)
+    return state
 
 
 def run_transition(run_id: str, current: str | None, target: str, *,
