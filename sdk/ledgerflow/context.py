@@ -239,12 +239,17 @@ def step_log_path(run_folder: str, task_key: str) -> str:
 
 def append_step(path: str, attempt: int, name: str, kind: str, data: str, chash: str) -> None:
     """Append one step result to a step log (one JSON line, one write)."""
-    line = json.dumps({"attempt": attempt, "name": name, "kind": kind, "data": data,
-                       "hash": chash}) + "\n"
+    _append_line(path, json.dumps({"attempt": attempt, "name": name, "kind": kind,
+                                   "data": data, "hash": chash}))
+
+
+def _append_line(path: str, line: str) -> None:
+    """Append one line to a log file in one ``write`` (a crash leaves at most a torn
+    last line, which the readers skip)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, line.encode())
+        os.write(fd, (line + "\n").encode())
     finally:
         os.close(fd)
 
@@ -273,14 +278,8 @@ def call_log_path(run_folder: str, task_key: str) -> str:
 
 def append_call(path: str, attempt: int, kind: str, fields: dict[str, Any]) -> None:
     """Append one call or notice to a call log (one JSON line, one write)."""
-    line = json.dumps({"attempt": attempt, "kind": kind, "fields": fields},
-                      default=str) + "\n"
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
+    _append_line(path, json.dumps({"attempt": attempt, "kind": kind, "fields": fields},
+                                  default=str))
 
 
 _METHODS: dict[str, Callable[..., Any]] = {}

@@ -483,25 +483,16 @@ def test_the_cli_reads_and_checks_a_postgres_ledger(pg_url: str) -> None:
         assert res.exit_code == 0 and expect in res.output, (args, res.output)
 
 
-@task
-def square_pg(i: int) -> int:
-    return i * i
-
-
-@pipeline
-def squares_pg(start: int, n: int = 10):
-    return square_pg.map(list(range(start, start + n)))
-
-
 def test_a_big_cache_index_is_read_on_the_first_hit(store: PostgresStore) -> None:
     from ledgerflow.store import CacheIndex
+    from tests.unit.test_cache_index import squares
 
-    first = squares_pg.run(start=0, store=store, executor="inline")
+    first = squares.run(start=0, store=store, executor="inline")
     store.cache_entries_at_start = 3
-    assert isinstance(store.cache_lookup(["square_pg"]), CacheIndex)
-    fresh = squares_pg.run(start=100, store=store, executor="inline")   # no hit
+    assert isinstance(store.cache_lookup(["square"]), CacheIndex)
+    fresh = squares.run(start=100, store=store, executor="inline")   # no hit
     assert not any(t["cached"] for t in fresh.tasks())
-    again = squares_pg.run(start=5, store=store, executor="inline")     # 5 hits
+    again = squares.run(start=5, store=store, executor="inline")     # 5 hits
     assert again.result() == [i * i for i in range(5, 15)]
     cached = [t.cached_from for t in again.status().tasks.values() if t.cached_from]
     assert len(cached) == 5 and all(c.startswith(first.run_id) for c in cached)

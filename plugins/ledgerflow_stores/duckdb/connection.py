@@ -152,8 +152,8 @@ class Ledger:
         """Keep one read connection for every read of this thread in the block.
 
         A command that reads several things (a run, its approvals, its notices)
-        then opens the file once, not once a read: each open costs ~20 ms of
-        DuckDB start-up. A write in the block closes the kept connection first.
+        then opens the file once, not once a read (an attach, a schema check and a
+        detach each). A write in the block closes the kept connection first.
         """
         me = threading.get_ident()
         with self.lock:
