@@ -32,6 +32,7 @@ import random
 import socket
 import threading
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -165,7 +166,10 @@ class Runner:
         self.wake = threading.Event()
         self.jobs: dict[int, Instance] = {}
         self.timed_out: dict[int, tuple[str, int]] = {}     # job id -> (task, attempt)
-        self.finished: dict[int, tuple[Instance, int]] = {}  # job id -> (task, attempt)
+        # job id - 1 -> its task and attempt (ids are dense: a list and an int array hold
+        # a million jobs in ~12 MB, a dict of tuples took ~140 MB)
+        self.job_task: list[Instance] = []
+        self.job_attempt = array("i")
         self.timers: list[tuple[float, int, str, Any]] = []
         self.next_job = 0
         self.next_timer = 0
@@ -591,6 +595,8 @@ class Runner:
                   run_folder=self.folders[1] if self.folders else None)
         inst.job = job
         self.jobs[job.id] = inst
+        self.job_task.append(inst)
+        self.job_attempt.append(inst.attempt)
         self.inflight += 1
         self._move(inst, _RUNNING, f"attempt {inst.attempt}{rejected}")
         if opts.timeout is not None:
@@ -830,7 +836,6 @@ class Runner:
         inst = self.jobs.pop(c.job_id, None)
         if inst is None:
             late = self.timed_out.get(c.job_id)
-            done = self.finished.get(c.job_id)
             if late is not None:
                 self._note(late[0], late[1], "late_result_rejected",
                            f"result ({c.outcome}) arrived after the attempt timed out; "
@@ -839,15 +844,15 @@ class Runner:
                 self._calls_records(late[0], late[1], model=c.model_calls, tool=c.tool_calls,
                                     notice=[{"kind": k, "message": m, "ts": t}
                                             for k, m, t in c.notices])
-            elif done is not None:
-                self._note(done[0].key, done[1], "duplicate_result_rejected",
+            elif 0 < c.job_id <= len(self.job_task):   # neither running nor timed out: done
+                self._note(self.job_task[c.job_id - 1].key, self.job_attempt[c.job_id - 1],
+                           "duplicate_result_rejected",
                            f"a second report ({c.outcome}) for an attempt already finished; "
                            "rejected")
             else:
                 log.warning("run %s: report for unknown job %d ignored", self.run_id, c.job_id)
             return
         self.inflight -= 1
-        self.finished[c.job_id] = (inst, inst.attempt)
         inst.job = None
         if c.log:
             self.buf.append(LogRecorded(inst.key, inst.attempt, "output", c.log,
