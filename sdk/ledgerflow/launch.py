@@ -342,7 +342,8 @@ class Run:
 
 def read_run(st: RunStore, run_id: str, *, upstream: bool = True) -> RunView:
     """A run as readers see it: with decisions a driver has not applied yet shown."""
-    view = st.get_run(run_id, upstream=upstream)
+    with quiet_gc():        # a row object a task: the collector would rescan them all
+        view = st.get_run(run_id, upstream=upstream)
     if any(t.state == TaskState.WAITING_APPROVAL for t in view.tasks.values()):
         deciding.apply_deadlines(st, run_id)
         deciding.overlay(view, st.approvals(run_id))
