@@ -194,7 +194,7 @@ class Run:
     @property
     def state(self) -> str:
         """The run's state: as this process ended it, else as the ledger records it."""
-        return self._state or self.status().state
+        return self._state or self.store.get_run(self.run_id, tasks=False).state
 
     def status(self) -> RunView:
         """Read the run and its tasks from the ledger (decisions not yet applied shown)."""
