@@ -32,9 +32,9 @@ from .launch import (
 from .launch import submit as launch_submit
 from .loading import abs_target, load_module, load_target, pipelines_in
 from .pipeline import Pipeline
-from .resume import decide
+from .resume import Action, decide
 from .states import RUN_TERMINAL, RunState, TaskState
-from .store import reading
+from .store import RunStore, reading
 from .views import RunView
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "open_ledger",
     "pipelines_in",
     "plan_resume",
+    "plan_summary",
     "reject",
     "resume",
     "run",
@@ -140,6 +141,34 @@ def plan_resume(run_id: str, *, store: StoreArg = None) -> list[tuple[str, str, 
     st = open_ledger(store)
     with quiet_gc():
         view = st.get_run(run_id, upstream=False)
+    return _plan(st, view)
+
+
+def plan_summary(run_id: str, *, store: StoreArg = None
+                 ) -> tuple[dict[str, int], list[tuple[str, str, str]]]:
+    """What a resume would do: the number of tasks per action, and ``(key, action,
+    why)`` of each task it would not simply reuse (``pipeline resume --plan``).
+
+    A store that can leave out the successes a resume keeps (the DuckDB store's
+    ``unsettled``) is asked for only the other rows: for a run of a million tasks
+    with one left, one row is read, not a million.
+    """
+    st = open_ledger(store)
+    part = getattr(st, "unsettled", None)
+    found = part(run_id) if part is not None else None
+    with quiet_gc():
+        view, kept = found if found is not None else (st.get_run(run_id, upstream=False), 0)
+    counts: dict[str, int] = {Action.REUSE.value: kept} if kept else {}
+    rows = []
+    for key, action, why in _plan(st, view):
+        counts[action] = counts.get(action, 0) + 1
+        if action != Action.REUSE.value:
+            rows.append((key, action, why))
+    return counts, rows
+
+
+def _plan(st: RunStore, view: RunView) -> list[tuple[str, str, str]]:
+    run_id = view.run_id
     if view.active and view.driver_alive:
         raise NotResumableError(
             f"run {run_id} is being driven right now (pid {view.driver_pid} on "

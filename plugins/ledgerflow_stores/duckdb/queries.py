@@ -25,9 +25,14 @@ def folded_offsets(con: Any, run_id: str) -> Folded:
                             [run_id]).fetchall())
 
 
-def load_run(con: Any, run_id: str, *, tasks: bool = True,
-             upstream: bool = True) -> RunView | None:
-    """The run's folded rows (None if the tables do not hold it)."""
+#: The tasks a resume always keeps as they are: successes whose result is in the row.
+SETTLED = "state = 'succeeded' AND result_uri IS NULL"
+
+
+def load_run(con: Any, run_id: str, *, tasks: bool = True, upstream: bool = True,
+             unsettled: bool = False) -> RunView | None:
+    """The run's folded rows (None if the tables do not hold it); ``unsettled``: only
+    the tasks that are not :data:`SETTLED`."""
     if con is None:
         return None
     row = con.execute(
@@ -50,7 +55,8 @@ def load_run(con: Any, run_id: str, *, tasks: bool = True,
         f"SELECT task_key, task_name, node, item_key, position, {ups}, code_version, state, "
         "attempts, budget_base, started_at, ended_at, error, fingerprint, result_hash, "
         "result_kind, result_data, result_uri, result_size, cached_from, result_attempt "
-        "FROM tasks WHERE run_id = ? ORDER BY rowid", [run_id]).fetchall()
+        "FROM tasks WHERE run_id = ? " + (f"AND NOT ({SETTLED}) " if unsettled else "")
+        + "ORDER BY rowid", [run_id]).fetchall()
     by_key = view.tasks
     for r in rows:
         by_key[r[0]] = TaskRow(r[0], r[1], r[2], r[3], r[4], list(r[5] or ()), r[6], r[7],

@@ -342,6 +342,22 @@ class DuckDBStore:
         summed.driver_alive = self.driver_alive(run_id) if summed.state in _ACTIVE else False
         return summed
 
+    def unsettled(self, run_id: str) -> tuple[RunView, int] | None:
+        """The run with the rows of only those tasks a resume may change, and how many
+        it leaves out: the successes whose result is in their row, which a resume
+        keeps (``resume --plan`` of a big run). None when only a full read answers
+        right (a journal not folded yet, damage, a run the tables do not hold)."""
+        if self.journals.segments(run_id):
+            return None
+        with self.ledger.connect(False) as con:
+            view = queries.load_run(con, run_id, upstream=False, unsettled=True)
+            if view is None or queries.damage(con, run_id):
+                return None
+            settled = con.execute(f"SELECT count(*) FROM tasks WHERE run_id = ? "
+                                  f"AND {queries.SETTLED}", [run_id]).fetchone()[0]
+        view.driver_alive = self.driver_alive(run_id) if view.state in _ACTIVE else False
+        return view, int(settled)
+
     def list_runs(self, limit: int = 50) -> list[RunView]:
         with self.ledger.connect(False) as con:
             views = queries.list_runs(con, limit)

@@ -267,18 +267,15 @@ def resume(run_id: str, plan: bool, store: str | None, executor: str | None,
       pipeline resume 20261129-194138-3fa9c2 --plan
     """
     if plan:
-        rows = api.plan_resume(run_id, store=store)
         if as_json:
+            rows = api.plan_resume(run_id, store=store)
             out(dumps([{"key": k, "action": a, "why": w} for k, a, w in rows]))
             return
-        counts: dict[str, int] = {}
-        for _, action, _ in rows:
-            counts[action] = counts.get(action, 0) + 1
+        counts, changed = api.plan_summary(run_id, store=store)
         out(f"resume plan for {run_id}: " + ", ".join(
             f"{n} {a}" for a, n in sorted(counts.items())))
-        for key, action, why in rows:
-            if action != "reuse":
-                out(f"  {action:<6} {key}: {why}")
+        for key, action, why in changed:
+            out(f"  {action:<6} {key}: {why}")
         return
     api.check_executor(executor)
     api.open_ledger(store).get_run(run_id, tasks=False)     # the run exists: say so
