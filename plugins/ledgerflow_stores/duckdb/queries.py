@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import typing
+from itertools import starmap
 from typing import Any
 
 from ledgerflow.records import Record, columns, field_types
@@ -50,18 +51,16 @@ def load_run(con: Any, run_id: str, *, tasks: bool = True, upstream: bool = True
     if not tasks:
         return view
     # upstream lists are the costliest column to turn into Python: only lineage needs them
-    ups = "upstream" if upstream else "NULL"
+    ups = "coalesce(upstream, [])" if upstream else "[]::VARCHAR[]"
+    # the columns in TaskRow's order, NULLs already replaced: a row is TaskRow(*row)
     rows = con.execute(
         f"SELECT task_key, task_name, node, item_key, position, {ups}, code_version, state, "
-        "attempts, budget_base, started_at, ended_at, error, fingerprint, result_hash, "
-        "result_kind, result_data, result_uri, result_size, cached_from, result_attempt "
+        "coalesce(attempts, 0), coalesce(budget_base, 0), started_at, ended_at, error, "
+        "fingerprint, result_hash, result_kind, result_data, result_uri, "
+        "coalesce(result_size, 0), cached_from, coalesce(result_attempt, 0) "
         "FROM tasks WHERE run_id = ? " + (f"AND NOT ({SETTLED}) " if unsettled else "")
         + "ORDER BY rowid", [run_id]).fetchall()
-    by_key = view.tasks
-    for r in rows:
-        by_key[r[0]] = TaskRow(r[0], r[1], r[2], r[3], r[4], list(r[5] or ()), r[6], r[7],
-                               r[8] or 0, r[9] or 0, r[10], r[11], r[12], r[13], r[14],
-                               r[15], r[16], r[17], r[18] or 0, r[19], r[20] or 0)
+    view.tasks.update(zip([r[0] for r in rows], starmap(TaskRow, rows), strict=True))
     return view
 
 
