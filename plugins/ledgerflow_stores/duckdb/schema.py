@@ -1,6 +1,7 @@
 """The ledger's tables: DDL, ordered migrations, and the schema check.
 
-Each migration runs in one transaction with the version it reaches, so a
+The migrations a file lacks run in one transaction with the version they
+reach (a new ledger: ~11 ms, one commit instead of one a migration), so a
 crash mid-migration leaves the previous version (DuckDB rolls the rest
 back) and the next writer completes it. A file with no tables at all is a
 ledger at version 0 (e.g. killed while it was being created).
@@ -131,18 +132,18 @@ def check(con: Any, location: str) -> int:
 def migrate(con: Any, location: str) -> int:
     """Bring the ledger open read-write on ``con`` to :data:`SCHEMA_VERSION`."""
     version = check(con, location)
-    for target, statements in MIGRATIONS:
-        if target <= version:
-            continue
-        con.execute("BEGIN")
-        try:
-            for sql in statements:
-                con.execute(sql)
-            con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
-                        [str(target)])
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-        version = target
+    pending = [(target, sql) for target, statements in MIGRATIONS if target > version
+               for sql in statements]
+    if not pending:
+        return version
+    con.execute("BEGIN")
+    try:
+        for _, sql in pending:
+            con.execute(sql)
+        version = pending[-1][0]
+        con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(version)])
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
     return version
