@@ -45,7 +45,7 @@ import cloudpickle
 
 from ledgerflow.config import Settings
 from ledgerflow.executor import Completion, Job, execute
-from ledgerflow.program import descendants, is_supervisor, supervisor_pids
+from ledgerflow.program import alive, descendants, is_supervisor, supervisor_pids
 
 #: What the forkserver imports once, so each worker starts in milliseconds
 #: (``_forkserver``: workers do not run the driver's ``__main__`` again).
@@ -160,20 +160,11 @@ def _gone(pids: list[int], timeout: float) -> bool:
     """Wait until none of ``pids`` is alive (zombies count as gone)."""
     end = time.monotonic() + timeout
     while True:
-        if not any(_alive(p) for p in pids):
+        if not any(alive(p) for p in pids):
             return True
         if time.monotonic() >= end:
             return False
         time.sleep(0.02)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return False
-    return data[data.rfind(b")") + 2:][:1] not in (b"Z", b"X")
 
 
 class ProcessExecutor:

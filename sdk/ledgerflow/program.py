@@ -212,7 +212,8 @@ def descendants(root: int, *, prune: Iterable[int] = ()) -> list[int]:
     return out
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """True while process ``pid`` exists and is not a zombie."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             data = fh.read()
