@@ -70,3 +70,16 @@ def test_pipeline_resume_plan_prints_the_counts_and_what_changes(tmp_path) -> No
                          "  rerun  maybe[97]: was failed: reset with a fresh attempt budget",
                          "  rerun  maybe[194]: was failed: reset with a fresh attempt budget"]
     assert lines[4].startswith("  rerun  total: was upstream_failed") and len(lines) == 5
+
+
+def test_a_run_with_journal_damage_is_planned_from_every_row(tmp_path) -> None:
+    import duckdb
+
+    path = str(tmp_path / "l.duckdb")
+    run = mixed.run(n=20, store=path, executor="inline")
+    con = duckdb.connect(path)      # what a fold records when a journal line is unreadable
+    con.execute("INSERT INTO journal_damage VALUES (?, 1, 0, 'checksum mismatch', 0)",
+                [run.run_id])
+    con.close()
+    assert DuckDBStore(path).unsettled(run.run_id) is None
+    assert plan_summary(run.run_id, store=path) == _from_rows(plan_resume(run.run_id, store=path))
