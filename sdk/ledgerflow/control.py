@@ -156,8 +156,10 @@ def plan_summary(run_id: str, *, store: StoreArg = None
     st = open_ledger(store)
     part = getattr(st, "unsettled", None)
     found = part(run_id) if part is not None else None
-    with quiet_gc():
-        view, kept = found if found is not None else (st.get_run(run_id, upstream=False), 0)
+    if found is None:       # every row, as plan_resume reads them
+        with quiet_gc():
+            found = st.get_run(run_id, upstream=False), 0
+    view, kept = found
     counts: dict[str, int] = {Action.REUSE.value: kept} if kept else {}
     rows = []
     for key, action, why in _plan(st, view):

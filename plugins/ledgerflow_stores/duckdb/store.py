@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -76,6 +76,7 @@ from .journal import Journals, read_records
 from .lease import Heartbeat, Leases
 
 R = TypeVar("R", bound=Record)
+T = TypeVar("T")
 _ACTIVE = frozenset(s.value for s in RUN_ACTIVE)
 
 
@@ -330,16 +331,10 @@ class DuckDBStore:
         :func:`.queries.summarize`), for a big run whose journal is all folded; None
         when only a full read answers right (few tasks, a journal not folded yet, damage,
         approvals waiting: their decisions are overlaid on the rows)."""
-        if self.journals.segments(run_id):
-            return None
-        with self.ledger.connect(False) as con:
-            view = queries.load_run(con, run_id, tasks=False)
-            if view is None or queries.damage(con, run_id):
-                return None
-            summed = queries.summarize(con, view, min_tasks)
+        summed = self._from_tables(
+            run_id, lambda con, view: queries.summarize(con, view, min_tasks), tasks=False)
         if summed is None or (summed.task_counts or {}).get(TaskState.WAITING_APPROVAL.value):
             return None
-        summed.driver_alive = self.driver_alive(run_id) if summed.state in _ACTIVE else False
         return summed
 
     def unsettled(self, run_id: str) -> tuple[RunView, int] | None:
@@ -347,16 +342,26 @@ class DuckDBStore:
         it leaves out: the successes whose result is in their row, which a resume
         keeps (``resume --plan`` of a big run). None when only a full read answers
         right (a journal not folded yet, damage, a run the tables do not hold)."""
+        def count_settled(con: Any, view: RunView) -> tuple[RunView, int]:
+            return view, int(con.execute(f"SELECT count(*) FROM tasks WHERE run_id = ? "
+                                         f"AND {queries.SETTLED}", [run_id]).fetchone()[0])
+        return self._from_tables(run_id, count_settled, upstream=False, unsettled=True)
+
+    def _from_tables(self, run_id: str, read: Callable[[Any, RunView], T | None],
+                     **load: bool) -> T | None:
+        """``read(con, view)`` of a run the tables hold whole (its journal all folded,
+        nothing damaged), ``view`` loaded with ``load`` and told whether its driver
+        lives; None when only a full read (tables and journal tail) answers right."""
         if self.journals.segments(run_id):
             return None
         with self.ledger.connect(False) as con:
-            view = queries.load_run(con, run_id, upstream=False, unsettled=True)
+            view = queries.load_run(con, run_id, **load)
             if view is None or queries.damage(con, run_id):
                 return None
-            settled = con.execute(f"SELECT count(*) FROM tasks WHERE run_id = ? "
-                                  f"AND {queries.SETTLED}", [run_id]).fetchone()[0]
-        view.driver_alive = self.driver_alive(run_id) if view.state in _ACTIVE else False
-        return view, int(settled)
+            out = read(con, view)
+        if out is not None:
+            view.driver_alive = self.driver_alive(run_id) if view.state in _ACTIVE else False
+        return out
 
     def list_runs(self, limit: int = 50) -> list[RunView]:
         with self.ledger.connect(False) as con:
