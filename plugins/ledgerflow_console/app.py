@@ -33,6 +33,7 @@ from ledgerflow.errors import (
     PipelineError,
     RunNotFoundError,
     StoreLockedError,
+    TaskNotFoundError,
 )
 
 from . import actions, pages, views
@@ -253,10 +254,10 @@ def create_app(cfg: ConsoleConfig) -> ASGIApp:
         key = need_task(request)
         attempt = q_int(request, "attempt", None)
         run = ledger.run(rid)
-        row = ledger.view(run).tasks.get(key)
+        tasks = ledger.view(run).tasks
+        row = tasks.get(key)
         if row is None:
-            raise InputError(f"run {rid} has no task {key!r}",
-                             hint=f"list its tasks with: pipeline status {rid}")
+            raise TaskNotFoundError(rid, key, tasks)
         attempts = ledger.attempts(run, key)
         if attempt is None and attempts:
             attempt = max(int(a["attempt"]) for a in attempts)

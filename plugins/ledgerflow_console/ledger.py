@@ -20,7 +20,7 @@ from typing import Any, Final
 
 import ledgerflow
 from ledgerflow import Run
-from ledgerflow.errors import InputError
+from ledgerflow.errors import TaskNotFoundError
 from ledgerflow.views import RunView, lineage_of
 
 #: What a reader of an optional panel returns when this ledgerflow lacks the method.
@@ -117,8 +117,7 @@ class Ledger:
         if view is None:
             view = self.view(run, upstream=True)
         if task_key not in view.tasks:
-            raise InputError(f"run {run.run_id} has no task {task_key!r}",
-                             hint=f"list its tasks with: pipeline status {run.run_id}")
+            raise TaskNotFoundError(run.run_id, task_key, view.tasks)
         with quiet_gc():
             return lineage_of(view, run.lineage(None), task_key)
 

@@ -8,7 +8,8 @@ and exits with ``exc.exit_code``::
     ├─ DefinitionError ─ DuplicateTaskError, CycleError (also graphlib.CycleError),
     │                    PipelineBodyError
     ├─ InputError ─ ParameterBindError ─ MissingInputError
-    │              ApprovalConflictError, StaleDigestError, NotWaitingError
+    │              ApprovalConflictError, StaleDigestError, NotWaitingError,
+    │              TaskNotFoundError
     ├─ TaskFailedError      (__cause__ = the user's exception)
     ├─ RunError ─ RunNotFoundError, NotResumableError, RunFailedError, LeaseLostError,
     │             RunEndedError
@@ -24,7 +25,7 @@ Control-flow signals are not errors: :class:`NonRetryableError` is an
 from __future__ import annotations
 
 import graphlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 
 class PipelineError(Exception):
@@ -92,6 +93,20 @@ class StaleDigestError(InputError):
 
 class NotWaitingError(InputError):
     """The task has no pending approval request."""
+
+
+class TaskNotFoundError(InputError):
+    """A run has no task with the key asked for (a typo gets the closest keys as a hint)."""
+
+    def __init__(self, run_id: str, task_key: str, known: Iterable[str] = ()) -> None:
+        import difflib
+
+        close = difflib.get_close_matches(task_key, list(known), n=3, cutoff=0.6)
+        hint = (f"did you mean {' or '.join(repr(k) for k in close)}?" if close
+                else f"list its tasks with: pipeline status {run_id}")
+        super().__init__(f"run {run_id} has no task {task_key!r}", hint=hint)
+        self.run_id = run_id
+        self.task_key = task_key
 
 
 class TaskFailedError(PipelineError):

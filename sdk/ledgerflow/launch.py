@@ -22,6 +22,7 @@ from .errors import (
     PluginError,
     RunFailedError,
     TaskFailedError,
+    TaskNotFoundError,
 )
 from .executor import Executor
 from .graph import Graph
@@ -320,8 +321,7 @@ class Run:
         view = view or self.status()
         row = view.tasks.get(key)
         if row is None:
-            raise InputError(f"run {self.run_id} has no task {key!r}",
-                             hint="list its tasks with: pipeline status " + self.run_id)
+            raise TaskNotFoundError(self.run_id, key, view.tasks)
         if row.state != TaskState.SUCCEEDED:
             raise TaskFailedError(f"task {key!r} is {row.state}: {row.error}", task_key=key,
                                   run_id=self.run_id, attempt=row.attempts)

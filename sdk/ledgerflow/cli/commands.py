@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from .. import control as api
-from ..errors import InputError, PluginError
+from ..errors import InputError, PluginError, TaskNotFoundError
 from ..launch import Run, read_run
 from ..pipeline import Pipeline
 from ..states import RunState
@@ -360,8 +360,7 @@ def _status(st: Any, run_id: str, task_key: str | None, all_rows: bool,
 def _task_status(st: Any, view: RunView, task_key: str, as_json: bool) -> None:
     row = view.tasks.get(task_key)
     if row is None:
-        raise InputError(f"run {view.run_id} has no task {task_key!r}",
-                         hint=f"list its tasks with: pipeline status {view.run_id}")
+        raise TaskNotFoundError(view.run_id, task_key, view.tasks)
     attempts = st.attempts(view.run_id, task_key)
     if as_json:
         out(dumps({**row.as_json(), "attempts": attempts}))
@@ -405,8 +404,7 @@ def logs(run_id: str, task_key: str | None, attempt: int | None, follow: bool,
     st = api.open_ledger(store)
     view = st.get_run(run_id, tasks=task_key is not None)
     if task_key is not None and task_key not in view.tasks:
-        raise InputError(f"run {run_id} has no task {task_key!r}",
-                         hint=f"list its tasks with: pipeline status {run_id}")
+        raise TaskNotFoundError(run_id, task_key, view.tasks)
     shown = 0
     while True:
         rows = st.logs(run_id, task_key, attempt)
@@ -481,8 +479,7 @@ def lineage(run_id: str, task_key: str | None, export: tuple[str, str] | None,
     if task_key is not None:
         view = st.get_run(run_id)
         if task_key not in view.tasks:
-            raise InputError(f"run {run_id} has no task {task_key!r}",
-                             hint=f"list its tasks with: pipeline status {run_id}")
+            raise TaskNotFoundError(run_id, task_key, view.tasks)
         rows = lineage_of(view, rows, task_key)
     if as_json:
         out(dumps(rows))
