@@ -37,3 +37,21 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
 
 
 PIPELINE_EXE = str(Path(sys.executable).parent / "pipeline")
+
+
+# Folders and files whose tests need a server, a browser or an extra, marked here so that
+# ``./dev test --quick`` can leave them out with one ``-m`` expression.
+_MARK_BY_PATH = {
+    "tests/postgres/": "postgres",
+    "tests/dask/": "dask",
+    "tests/console/test_console_browser.py": "browser",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        rel = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix() \
+            if Path(str(item.fspath)).resolve().is_relative_to(ROOT) else ""
+        for prefix, mark in _MARK_BY_PATH.items():
+            if rel.startswith(prefix):
+                item.add_marker(getattr(pytest.mark, mark))
