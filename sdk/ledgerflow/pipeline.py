@@ -88,6 +88,10 @@ class Build:
     def add_call(self, t: Task[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                  after: object, where: str) -> TaskRef:
         key = self._key(t.name)
+        problem = t.call_problem(args, kwargs)
+        if problem is not None:
+            self.graph.problems.append(f"{where}: {t.name}() {problem}; "
+                                       f"its signature is {t.name}{_signature(t)}")
         deps: list[str] = []
         has_refs = self._scan(args, deps) | self._scan(list(kwargs.values()), deps)
         node = Node(key, t, False, args, kwargs or _NO_KWARGS,
@@ -111,6 +115,11 @@ class Build:
                 self.graph.problems.append(
                     f"{key}.map() needs a list or a task result, given {type(items).__name__}")
                 items = []
+        problem = t.call_problem((None,), broadcast)
+        if problem is not None:
+            self.graph.problems.append(f"{where}: {t.name}.map() calls {t.name}(item, ...), "
+                                       f"which {problem}; its signature is "
+                                       f"{t.name}{_signature(t)}")
         deps: list[str] = []
         has_refs = self._scan(list(broadcast.values()), deps)
         if isinstance(items, tuple):
@@ -255,6 +264,16 @@ class Pipeline(Generic[P, R]):
     def _repr_html_(self) -> str:
         from .display import graph_html
         return graph_html(self.build())
+
+
+def _signature(t: Task[..., Any]) -> str:
+    """The parameters of ``t``'s function without annotations: ``(a, b=1, *, c)``."""
+    try:
+        sig = inspect.signature(t.fn)
+    except (TypeError, ValueError):
+        return "(...)"
+    bare = [p.replace(annotation=p.empty) for p in sig.parameters.values()]
+    return str(sig.replace(parameters=bare, return_annotation=sig.empty))
 
 
 def _body_line(exc: BaseException, fn: Callable[..., Any]) -> str:

@@ -177,6 +177,49 @@ def _where(frame: types.FrameType) -> str:
     return text
 
 
+_ANY_CALL = ()
+
+
+def _call_shape(fn: Callable[..., Any]) -> tuple[Any, ...]:
+    """(positional names, max positional, required positional count, required names,
+    keyword names, accepts **kwargs) of ``fn``; ``_ANY_CALL`` when it takes anything."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return _ANY_CALL
+    kinds = inspect.Parameter
+    names: list[str] = []
+    required: list[str] = []
+    kw_ok: set[str] = set()
+    max_pos, any_kw, required_pos = 0, False, 0
+    for p in sig.parameters.values():
+        if p.kind is kinds.VAR_POSITIONAL:
+            max_pos = 1 << 30
+        elif p.kind is kinds.VAR_KEYWORD:
+            any_kw = True
+        elif p.kind is kinds.POSITIONAL_ONLY:
+            names.append(p.name)
+            max_pos += 1
+            if p.default is p.empty:
+                required.append(p.name)
+                required_pos = len(names)
+        else:
+            if p.kind is kinds.POSITIONAL_OR_KEYWORD:
+                names.append(p.name)
+                max_pos += 1
+            if p.name != "after":
+                kw_ok.add(p.name)
+            if p.default is p.empty:
+                required.append(p.name)
+                if p.kind is kinds.POSITIONAL_OR_KEYWORD:
+                    required_pos = len(names)
+    if max_pos >= 1 << 30 and any_kw and not required:
+        return _ANY_CALL
+    if any(r not in names for r in required):      # a keyword-only parameter is required
+        required_pos = 1 << 30
+    return (tuple(names), max_pos, required_pos, tuple(required), frozenset(kw_ok), any_kw)
+
+
 class Task(Generic[P, R]):
     """A function made into a pipeline step by :func:`task`."""
 
@@ -246,6 +289,35 @@ class Task(Generic[P, R]):
 
     def _accepts_after(self) -> bool:
         return "after" in inspect.signature(self.fn).parameters
+
+    def call_problem(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        """Why ``args``/``kwargs`` cannot bind to the function's signature, or None.
+
+        Checked while tracing, so ``add(double(x))`` for ``add(a, b)`` is refused
+        before anything runs. The shape of the signature is computed once per task.
+        """
+        shape = self.__dict__.get("_shape")
+        if shape is None:
+            shape = self.__dict__["_shape"] = _call_shape(self.fn)
+        if shape is _ANY_CALL:
+            return None
+        names, max_pos, required_pos, required, kw_ok, any_kw = shape
+        n = len(args)
+        if not kwargs and required_pos <= n <= max_pos:
+            return None                         # the common case: positional only
+        if n > max_pos:
+            return f"takes {max_pos} positional arguments but {n} were given"
+        given = set(names[:n])
+        for k in kwargs:
+            if k in given:
+                return f"got multiple values for argument {k!r}"
+            if not any_kw and k not in kw_ok:
+                return f"got an unexpected keyword argument {k!r}"
+        missing = [k for k in required if k not in given and k not in kwargs]
+        if missing:
+            return "missing required argument" + ("s " if len(missing) > 1 else " ") \
+                + ", ".join(repr(k) for k in missing)
+        return None
 
     def __repr__(self) -> str:
         return f"<task {self.name}>"
