@@ -65,7 +65,7 @@ def run_job(payload: bytes, job_id: int, key: str, topic: str | None = None) -> 
                                 has_value=False))
     try:
         job = cloudpickle.loads(payload)
-    except Exception as exc:        # e.g. a module the worker cannot import
+    except BaseException as exc:    # e.g. a module the worker cannot import (or that exits)
         return _dump(Completion(
             job_id, "error", error=exc, error_type=type(exc).__name__,
             error_message=f"the worker could not load the task: {exc}"[:2000],

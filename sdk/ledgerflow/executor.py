@@ -159,6 +159,10 @@ def execute(job: Job, cancel: Callable[[], bool] | None = None, *,
             keep_value: bool = True) -> Completion:
     """Run ``job`` here and now; never raises (outcomes carry the errors).
 
+    Whatever the task raises ends the attempt, ``BaseException``\\ s too
+    (``SystemExit``, ``KeyboardInterrupt``, ``GeneratorExit``): they are
+    outcome ``error`` and not retried unless ``retry_on`` names them.
+
     What the attempt writes to stdout, stderr and ``logging`` is captured into
     the Completion (:mod:`ledgerflow.capture`).
     """
@@ -218,6 +222,14 @@ def _attempt(job: Job, ctx: RunContext, keep_value: bool) -> Completion:
                           traceback="".join(traceback.format_exception(exc))[-8000:],
                           started_at=started, ended_at=time.time(), lineage=ctx.lineage,
                           has_value=False)
+    except BaseException as exc:    # SystemExit, KeyboardInterrupt, GeneratorExit, ...
+        # user code ends its attempt, never the worker or the driver: an ``error``
+        # that is not retryable (``retry_on`` names Exception subclasses by default)
+        return Completion(job.id, "error", error=exc, error_type=type(exc).__name__,
+                          error_message=_base_message(exc),
+                          traceback="".join(traceback.format_exception(exc))[-8000:],
+                          started_at=started, ended_at=time.time(), lineage=ctx.lineage,
+                          has_value=False)
     try:
         enc = encode(value)
     except Exception as exc:
@@ -230,6 +242,13 @@ def _attempt(job: Job, ctx: RunContext, keep_value: bool) -> Completion:
                       started_at=started, ended_at=time.time(), lineage=ctx.lineage,
                       has_value=keep_value)
 
+
+def _base_message(exc: BaseException) -> str:
+    """The error text of a BaseException a task raised (``SystemExit(3)`` says its code)."""
+    if isinstance(exc, SystemExit):
+        return f"the task raised SystemExit (exit code {exc.code!r}); its attempt failed"
+    return (str(exc)[:2000] or f"the task raised {type(exc).__name__}") + \
+        "; its attempt failed"
 
 
 @contextmanager

@@ -67,6 +67,28 @@ def cancel_pipeline(limit: float = 20.0) -> Any:
     return until_cancelled(limit)
 
 
+@task(retries=2)
+def exits(how: str) -> str:
+    """Raise a BaseException that is not an Exception (what a tool wrapping argparse does)."""
+    import sys
+    if how == "sys.exit":
+        sys.exit(3)
+    if how == "KeyboardInterrupt":
+        raise KeyboardInterrupt
+    raise GeneratorExit("closed")
+
+
+@task
+def bystander(x: int) -> int:
+    """An independent task that should succeed beside one that exits."""
+    return x + 1
+
+
+@pipeline
+def exit_pipeline(how: str) -> Any:
+    return exits(how), bystander(1)
+
+
 class ExecutorContract:
     """Behaviour every executor must show (see the module docstring)."""
 
@@ -145,6 +167,23 @@ class ExecutorContract:
         row = run.status().tasks["until_cancelled"]
         assert row.state == "cancelled"
         assert [a["outcome"] for a in run.attempts()] == ["cancelled"]
+
+    def test_a_task_raising_a_base_exception_fails_only_its_attempt(
+            self, tmp_path: Path) -> None:
+        """``SystemExit``, ``KeyboardInterrupt`` and ``GeneratorExit`` from a task end its
+        attempt as an ``error`` that is not retried; the run goes on and ends."""
+        for how, kind in (("sys.exit", "SystemExit"),
+                          ("KeyboardInterrupt", "KeyboardInterrupt"),
+                          ("GeneratorExit", "GeneratorExit")):
+            run = exit_pipeline.run(how, store=f"memory:{tmp_path / kind}",
+                                    executor=self.make_executor(), workers=2, wait=False)
+            assert run.wait(self.patience) == "failed", f"{kind}: the run did not end"
+            rows = run.status().tasks
+            assert rows["exits"].state == "failed", kind
+            assert rows["bystander"].state == "succeeded", kind
+            attempts = run.attempts("exits")
+            # one attempt of three: not retried (retry_on names Exception subclasses)
+            assert [(a["outcome"], a["error_type"]) for a in attempts] == [("error", kind)]
 
     def test_a_late_result_after_a_timeout_is_rejected(self, tmp_path: Path) -> None:
         marker = tmp_path / f"late-{uuid.uuid4().hex}"
