@@ -26,6 +26,7 @@ from .errors import (
 )
 from .executor import Executor
 from .graph import Graph
+from .observers import Observers
 from .plan import UNSET
 from .plugins import get_plugin_manager
 from .runner import Runner
@@ -146,7 +147,6 @@ class Run:
 
     # -- driving ------------------------------------------------------------------------
     def _drive(self) -> None:
-        pm = get_plugin_manager()
         runner = self._runner
         assert runner is not None and runner.lease is not None
         try:
@@ -159,13 +159,7 @@ class Run:
             try:
                 self.store.release(runner.lease)
             finally:
-                try:
-                    pm.hook.ledgerflow_run_finish(run_id=self.run_id,
-                                                  state=self._state or "interrupted")
-                except Exception:   # observers must never break a run
-                    import logging
-                    logging.getLogger("ledgerflow").exception(
-                        "ledgerflow_run_finish hook failed")
+                runner.observers.run_finish(self.run_id, self._state or "interrupted")
 
     def _start(self, wait: bool) -> Run:
         if wait:
@@ -267,6 +261,11 @@ class Run:
     def events(self, task_key: str | None = None) -> list[dict[str, Any]]:
         """Every task transition (seq, task, attempt, from, to, reason, time), in order."""
         return self.store.events(self.run_id, task_key)
+
+    def explain(self, task_key: str | None = None, against: str | None = None) -> Any:
+        """Why each task ran or was reused (:func:`ledgerflow.explain.explain_run`)."""
+        from .explain import explain_run
+        return explain_run(self.store, self.run_id, task_key=task_key, against=against)
 
     def result(self, task_key: str | None = None) -> Any:
         """Return the pipeline's return value, or one task's result.
@@ -405,7 +404,8 @@ def start(pipe: Pipeline[..., Any], args: Sequence[Any], params: dict[str, Any],
     st.recover()          # what killed drivers left unfolded reaches the cache index
     run_id = run_id or new_run_id()
     cache = st.cache_lookup(sorted({n.task.name for n in graph if n.task.options.cache}))
-    runner = _runner(graph, st, ex, settings, run_id, None, cache, progress, cancel_event)
+    runner = _runner(graph, st, ex, settings, run_id, None, cache,
+                     Observers.from_plugins(progress=progress), cancel_event)
     runner.create(pipeline=pipe.name, target=target or pipe.target(), params=values,
                   options={"executor": getattr(ex, "name", str(ex)),
                            "workers": settings.workers,
@@ -478,38 +478,23 @@ def continue_run(pipe: Pipeline[..., Any], view: RunView, st: RunStore, *,
         prior = st.get_run(view.run_id, upstream=False)
         cache = st.cache_lookup(sorted({n.task.name for n in graph if n.task.options.cache}),
                                 exclude_run=view.run_id)
-    begin = getattr(progress, "begin", None)
-    if begin is not None:       # the display starts from the counts the run had
-        begin(prior.counts())
-    runner = _runner(graph, st, ex, settings, view.run_id, prior, cache, progress,
+    observers = Observers.from_plugins(progress=progress)
+    observers.begin(prior.counts())     # the display starts from the counts the run had
+    runner = _runner(graph, st, ex, settings, view.run_id, prior, cache, observers,
                      cancel_event)
     runner.take_over(lease)
     return _drive(pipe, runner, wait, resumed=True)
 
 
 def _runner(graph: Graph, st: RunStore, ex: Executor, settings: Settings, run_id: str,
-            prior: RunView | None, cache: Mapping[str, Any], progress: Any,
+            prior: RunView | None, cache: Mapping[str, Any], observers: Observers,
             cancel_event: threading.Event | None) -> Runner:
-    hooks = get_plugin_manager().hook
-    changed, ended = hooks.ledgerflow_task_state_changed, hooks.ledgerflow_attempt_finished
-    records, carrier = hooks.ledgerflow_records_committed, hooks.ledgerflow_job_carrier
-    # a hook nobody implements is not called at all (no cost on the hot path)
     return Runner(graph=graph, store=st, executor=ex, settings=settings, run_id=run_id,
-                  prior=prior, cache=cache,
-                  hook_changed=changed if changed.get_hookimpls() else None,
-                  hook_attempt=ended if ended.get_hookimpls() else None,
-                  hook_records=records if records.get_hookimpls() else None,
-                  hook_carrier=carrier if carrier.get_hookimpls() else None,
-                  on_change=progress, cancel_event=cancel_event)
+                  prior=prior, cache=cache, observers=observers, cancel_event=cancel_event)
 
 
 def _drive(pipe: Pipeline[..., Any], runner: Runner, wait: bool, *, resumed: bool) -> Run:
-    try:
-        get_plugin_manager().hook.ledgerflow_run_start(run_id=runner.run_id,
-                                                       pipeline=pipe.name, resumed=resumed)
-    except Exception:   # observers must never break a run
-        import logging
-        logging.getLogger("ledgerflow").exception("ledgerflow_run_start hook failed")
+    runner.observers.run_start(runner.run_id, pipe.name, resumed)
     run = Run(runner.run_id, runner.store, graph=runner.graph, runner=runner)
     return run._start(wait)
 

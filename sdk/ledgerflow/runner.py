@@ -58,6 +58,7 @@ from .executor import (
 )
 from .graph import Graph
 from .keys import fingerprint_base, finish_fingerprint
+from .observers import Change, Observers
 from .plan import UNSET, Instance, Plan
 from .records import (
     FORMAT_VERSION,
@@ -123,9 +124,6 @@ _IN_FLIGHT = frozenset(s.value for s in IN_FLIGHT)
 #: tasks are ready (a fan-out would otherwise commit once at the end).
 COMMIT_RECORDS = 4096
 
-#: Observer callbacks: (run_id, task_key, old, new, attempt, reason).
-Change = tuple[str, str, str | None, str, int, str]
-
 
 class Runner:
     """The driver loop of one run (see the module docstring)."""
@@ -133,12 +131,8 @@ class Runner:
     def __init__(self, *, graph: Graph, store: RunStore, executor: Executor,
                  settings: Settings, run_id: str, prior: RunView | None = None,
                  cache: Mapping[str, CacheHit] | None = None,
-                 hook_changed: Callable[..., Any] | None = None,
-                 hook_attempt: Callable[..., Any] | None = None,
-                 hook_records: Callable[..., Any] | None = None,
-                 hook_carrier: Callable[..., Any] | None = None,
-                 cancel_event: threading.Event | None = None,
-                 on_change: Callable[[str, str, str], None] | None = None) -> None:
+                 observers: Observers | None = None,
+                 cancel_event: threading.Event | None = None) -> None:
         self.graph = graph
         self.store = store
         self.executor = executor
@@ -146,13 +140,9 @@ class Runner:
         self.run_id = run_id
         self.prior = prior
         self.cache: Mapping[str, CacheHit] = cache if cache is not None else {}
-        self.hook_changed = hook_changed
-        self.hook_attempt = hook_attempt
+        self.observers = observers if observers is not None else Observers()
         self.ended: list[AttemptEnded] = []     # told to observers after the commit
-        self.hook_records = hook_records
-        self.hook_carrier = hook_carrier
-        self.on_change = on_change
-        self.observed = hook_changed is not None or on_change is not None
+        self.observed = self.observers.watching
         self.cancel_event = cancel_event or threading.Event()
         self.lease: Lease | None = None
         self.run_state: str | None = prior.state if prior else None
@@ -203,6 +193,16 @@ class Runner:
         #: the store's optional lease-loss probe (see :meth:`_check_lease`)
         self.lease_probe: Callable[[Lease], str | None] | None = getattr(
             store, "lease_lost", None)
+
+    @property
+    def hook_records(self) -> Any:
+        """The ``ledgerflow_records_committed`` hook, or None (read by older tests)."""
+        return self.observers.records
+
+    @property
+    def hook_carrier(self) -> Any:
+        """The ``ledgerflow_job_carrier`` hook, or None (read by older tests)."""
+        return self.observers.carrier_hook
 
     # -- the run's own records ----------------------------------------------------------
     def create(self, *, pipeline: str, target: str | None, params: dict[str, Any],
@@ -317,25 +317,10 @@ class Runner:
             self.buf.append(Notice(key, attempt, str(n.get("kind", "")),
                                    str(n.get("message", "")), float(n.get("ts") or time.time())))
 
-    def _notify(self, changes: list[Change]) -> None:
-        for change in changes:
-            if self.hook_changed is not None:
-                run_id, key, old, new, attempt, reason = change
-                try:
-                    self.hook_changed(run_id=run_id, task_key=key, old=old, new=new,
-                                      attempt=attempt, reason=reason)
-                except Exception:  # observers must never break a run
-                    log.exception("ledgerflow_task_state_changed hook failed")
-            if self.on_change is not None:
-                try:
-                    self.on_change(change[1], change[2] or "", change[3])
-                except Exception:  # a progress display must never break a run
-                    log.exception("progress callback failed")
-
     def _attempt_ended(self, record: AttemptEnded) -> None:
         """Record how an attempt ended (observers hear of it after the commit)."""
         self.buf.append(record)
-        if self.hook_attempt is not None:
+        if self.observers.hears_attempts:
             self.ended.append(record)
 
     def _note(self, key: str, attempt: int, kind: str, message: str) -> None:
@@ -345,11 +330,7 @@ class Runner:
     # -- commits ------------------------------------------------------------------------
     def _committed(self, records: list[Record]) -> None:
         """Hand one commit's records to ``ledgerflow_records_committed`` observers."""
-        if self.hook_records is not None:
-            try:
-                self.hook_records(run_id=self.run_id, records=records, store=self.store)
-            except Exception:  # observers must never break a run
-                log.exception("ledgerflow_records_committed hook failed")
+        self.observers.committed(self.run_id, records, self.store)
 
     def _flush(self) -> None:
         """Write the buffered records (one group commit), then tell observers."""
@@ -357,21 +338,13 @@ class Runner:
             records, self.buf = self.buf, []
             assert self.lease is not None
             self.store.append(self.lease, records)
-            if self.hook_records is not None:
-                self._committed(records)
+            self.observers.committed(self.run_id, records, self.store)
         if self.changes:
             changes, self.changes = self.changes, []
-            self._notify(changes)
+            self.observers.changed(changes)
         if self.ended:
             ended, self.ended = self.ended, []
-            for a in ended:
-                try:
-                    self.hook_attempt(run_id=self.run_id, task_key=a.task_key,  # type: ignore[misc]
-                                      attempt=a.attempt, outcome=a.outcome,
-                                      started_at=a.started_at, ended_at=a.ended_at,
-                                      error_type=a.error_type, error_message=a.error_message)
-                except Exception:  # observers must never break a run
-                    log.exception("ledgerflow_attempt_finished hook failed")
+            self.observers.ended(self.run_id, ended)
 
     def _commit(self) -> None:
         """Flush, then hand the attempts dispatched meanwhile to the executor."""
@@ -611,12 +584,8 @@ class Runner:
         if inst.state != _RUNNING:      # cancelled before it could start: nothing ran
             self._on_complete(Completion(job.id, "cancelled", has_value=False))
             return
-        if self.hook_carrier is not None:
-            try:
-                job.carrier = self.hook_carrier(run_id=job.run_id, task_key=job.task_key,
-                                                attempt=job.attempt)
-            except Exception:  # observers must never break a run
-                log.exception("ledgerflow_job_carrier hook failed")
+        if self.observers.carrier_hook is not None:
+            job.carrier = self.observers.carrier(job)
         if self.in_driver or (alone and self.inline_when_alone and job.timeout is None
                               and self.inflight == 1 and not self.ready):
             c = execute(job, self._cancel_seen)
@@ -768,7 +737,7 @@ class Runner:
         try:
             value = self.store.read_blob(kind, data, uri)
             ok = verify(value, *args, **kwargs)
-        except Exception as exc:  # user code: a failing check means "not verified"
+        except BaseException as exc:  # user code (sys.exit too): a failing check = "not verified"
             return f"; cache hit rejected by verify: {type(exc).__name__}: {exc} ({where})"
         if ok is True:
             inst.value = value      # read once: dependents use it as it is

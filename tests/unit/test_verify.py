@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,13 +15,15 @@ from ledgerflow.errors import DefinitionError
 from ledgerflow.plugins import get_plugin_manager
 
 CHECKS: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
-MODE = {"verify": "check"}   # "check" | "raise"
+MODE = {"verify": "check"}   # "check" | "raise" | "exit"
 
 
 def _file_written(result: Any, folder: str, name: str) -> bool:
     CHECKS.append((result, (folder, name), {}))
     if MODE["verify"] == "raise":
         raise OSError("the sink is unreachable")
+    if MODE["verify"] == "exit":
+        sys.exit(4)                  # user code in the driver: must not stop it
     return (Path(folder) / name).is_file() and (Path(folder) / name).read_text() == result
 
 
@@ -115,6 +118,16 @@ def test_a_check_that_raises_rejects_the_hit(tmp_path: Path, ledger: str,
     assert again.state == "succeeded" and _calls(tmp_path) == ["out.txt", "out.txt"]
     (reason,) = transitions.reasons(again, "write_file", "running")
     assert "cache hit rejected by verify: OSError: the sink is unreachable" in reason
+
+
+def test_a_check_that_exits_rejects_the_hit_and_the_driver_goes_on(
+        tmp_path: Path, ledger: str, transitions: Transitions) -> None:
+    sink.run(str(tmp_path), store=ledger)
+    MODE["verify"] = "exit"
+    again = sink.run(str(tmp_path), store=ledger)
+    assert again.state == "succeeded" and _calls(tmp_path) == ["out.txt", "out.txt"]
+    (reason,) = transitions.reasons(again, "write_file", "running")
+    assert "cache hit rejected by verify: SystemExit: 4" in reason
 
 
 def test_successes_kept_by_a_resume_are_not_verified_again(tmp_path: Path, ledger: str,
