@@ -119,4 +119,4 @@ def test_the_graph_is_what_the_code_imports() -> None:
     # a guard on the scanner itself: known edges must be seen
     assert "ledgerflow.states" in GRAPH["ledgerflow.runner"]
     assert "ledgerflow.launch" in GRAPH["ledgerflow.pipeline"]      # inside Pipeline.run
-    assert "ledgerflow.spec" in GRAPH["ledgerflow.loading"]         # inside load_target
+    assert "ledgerflow.specs.document" in GRAPH["ledgerflow.loading"]        # inside load_target

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ledgerflow import task
-from ledgerflow.policy import needs
+from ledgerflow.specs.policy import needs
 
 
 @task

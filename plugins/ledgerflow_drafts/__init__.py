@@ -7,7 +7,7 @@ validator's problem objects a bounded number of times, and written with a
 header that marks it machine-written, with its digest. The drafting is
 itself a ledgerflow run (:mod:`ledgerflow_drafts.agent`), so its model calls
 are in the ledger. A machine-written draft runs only once a person has
-approved its digest (``pipeline approve-draft``; :mod:`ledgerflow.drafts`).
+approved its digest (``pipeline approve-draft``; :mod:`ledgerflow.specs.drafts`).
 
 Example:
     >>> from ledgerflow_drafts import draft

@@ -4,14 +4,14 @@
 call of one tool, ``write_spec``, whose parameters are the drafting schema
 (:mod:`ledgerflow_drafts.schema`; the ``local`` provider decodes under it,
 other providers get it as the tool's schema), checks the answer with
-:func:`ledgerflow.spec.check` (and the policy), and, while problems remain
+:func:`ledgerflow.specs.check.check` (and the policy), and, while problems remain
 and repairs are left, sends the validator's problem objects back as the
 tool's result and asks again. Every model call is recorded in the ledger
 (``context().record_model_call``: tokens, cost, digests; ``pipeline usage``),
 every check as a tool call ``validate_spec``, and each model answer as a step
 (``context().step``), so a retry or a resume replays the answers it has
 instead of asking again. ``save_draft`` writes the file with the draft header
-(:mod:`ledgerflow.drafts`) and records it as the run's output (lineage, with
+(:mod:`ledgerflow.specs.drafts`) and records it as the run's output (lineage, with
 the digest as its content hash).
 """
 
@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any, Final
 
 from ledgerflow import Pipeline, context, task
-from ledgerflow import drafts as draft_file
 from ledgerflow.approval import DRAFTING
-from ledgerflow.catalogue import Catalogue, find_tasks
 from ledgerflow.keys import digest as content_digest
-from ledgerflow.policy import load_policy
-from ledgerflow.spec import check
+from ledgerflow.specs import drafts as draft_file
+from ledgerflow.specs.catalogue import Catalogue, find_tasks
+from ledgerflow.specs.check import check
+from ledgerflow.specs.policy import load_policy
 
 from .schema import chain, drafting_schema
 

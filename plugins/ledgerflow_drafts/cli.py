@@ -50,8 +50,8 @@ def draft_command(request: str, sources: tuple[str, ...], output: str, model: st
       pipeline draft "index the markdown files in docs/ into docs.duckdb" \\
           --tasks recipes/doc_index/pipeline.py --model local -o draft.toml
     """
-    from ledgerflow.catalogue import find_tasks
-    from ledgerflow.policy import load_policy
+    from ledgerflow.specs.catalogue import find_tasks
+    from ledgerflow.specs.policy import load_policy
     from ledgerflow.states import RunState
 
     from . import draft

@@ -1,6 +1,6 @@
 """The schema a model drafts under: a spec whose steps are named after the catalogue's tasks.
 
-The general spec schema (:func:`ledgerflow.specschema.spec_schema`) lets a
+The general spec schema (:func:`ledgerflow.specs.schema.spec_schema`) lets a
 step have any name, so it cannot say which names ``inputs``, ``map`` and
 ``after`` may use. For decoding, each step is named after its task (so each
 task is used at most once in a draft), which makes every reference an enum (and a step's ``task`` is implied by its name, so the model
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from ledgerflow.catalogue import Catalogue, TaskInfo
-from ledgerflow.spectypes import describe as describe_type
-from ledgerflow.spectypes import element_type, type_fits
+from ledgerflow.specs.catalogue import Catalogue, TaskInfo
+from ledgerflow.specs.hints import describe as describe_type
+from ledgerflow.specs.hints import element_type, type_fits
 
 #: Longest literal string, and most list items, the model may write (a small model
 #: otherwise repeats itself until it runs out of tokens).

@@ -7,8 +7,8 @@ problem at once. Fan-outs are expanded at run time by the scheduler.
 
 from __future__ import annotations
 
-import graphlib
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,15 +93,9 @@ class Graph:
 
     def find_cycle(self) -> list[str] | None:
         """Return a cycle as a list of keys (first repeated at the end), or None."""
-        sorter: graphlib.TopologicalSorter[str] = graphlib.TopologicalSorter()
-        for node in self.nodes.values():
-            sorter.add(node.key, *(u for u in node.upstream if u in self.nodes))
-        try:
-            sorter.prepare()
-        except graphlib.CycleError as exc:
-            cyc = list(exc.args[1])
-            return list(reversed(cyc))
-        return None
+        found = cycles({n.key: [u for u in n.upstream if u in self.nodes]
+                        for n in self.nodes.values()})
+        return found[0] if found else None
 
     def edges(self) -> Iterator[tuple[str, str, str]]:
         """Yield ``(upstream, downstream, kind)``; kind is data, map or after."""
@@ -146,6 +140,81 @@ class Graph:
             kind = " (map)" if node.is_map else ""
             out.append(f"{key}{kind}" + (f"  <- {ups}" if ups else ""))
         return "\n".join(out)
+
+
+def cycles(graph: Mapping[str, Sequence[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component, each ``[a, b, ..., a]`` (a waits for b).
+
+    ``graph`` maps each node to the nodes it waits for. Tarjan's search, without
+    recursion (a spec of 20,000 steps is one deep chain); each cycle is the
+    shortest way back to the component's smallest node, and the list is sorted.
+
+    Example:
+        >>> cycles({"a": ["b"], "b": ["a"], "c": ["c"], "d": []})
+        [['a', 'b', 'a'], ['c', 'c']]
+    """
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    comps: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work: list[tuple[str, int]] = [(root, 0)]
+        while work:
+            node, i = work.pop()
+            if i == 0:
+                index[node] = low[node] = counter
+                counter += 1
+                stack.append(node)
+                on_stack.add(node)
+            succ = graph.get(node, [])
+            if i < len(succ):
+                work.append((node, i + 1))
+                nxt = succ[i]
+                if nxt not in index:
+                    work.append((nxt, 0))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            if low[node] == index[node]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == node:
+                        break
+                if len(comp) > 1 or node in graph.get(node, []):
+                    comps.append(comp)
+            if work:
+                caller = work[-1][0]
+                low[caller] = min(low[caller], low[node])
+    out = []
+    for comp in comps:
+        members = set(comp)
+        start = min(comp)
+        parent: dict[str, str] = {}
+        queue, end = deque([start]), None
+        while queue and end is None:        # the shortest way back to start (BFS)
+            node = queue.popleft()
+            for nxt in graph.get(node, ()):
+                if nxt == start:
+                    end = node
+                    break
+                if nxt in members and nxt not in parent:
+                    parent[nxt] = node
+                    queue.append(nxt)
+        path = [start]
+        node = end if end is not None else start
+        while node != start:
+            path.append(node)
+            node = parent[node]
+        path = [start, *reversed(path[1:]), start]
+        out.append(path)
+    return sorted(out)
 
 
 def _where(t: Task[..., Any]) -> str:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InputError
-from .modules import load_module
 from .pipeline import Pipeline
+from .specs.modules import load_module
 
 __all__ = ["abs_target", "load_module", "load_target", "pipelines_in", "split_target"]
 
@@ -39,7 +39,7 @@ def load_target(target: str) -> Pipeline[..., Any]:
     """Load ``FILE.py[:NAME]``, ``package.module:NAME`` or a ``.json``/``.toml`` spec."""
     path, name = split_target(target)
     if path.endswith((".json", ".toml")):
-        from .spec import load_spec
+        from .specs.document import load_spec
         return load_spec(path)
     if path.endswith(".py") or os.sep in path or os.path.isdir(path):
         module = load_module(path)

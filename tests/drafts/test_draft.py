@@ -11,7 +11,7 @@ import pytest
 from click.testing import Result
 
 import ledgerflow
-from ledgerflow import drafts
+from ledgerflow.specs import drafts
 
 from .conftest import GOOD, turn
 

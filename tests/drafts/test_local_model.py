@@ -17,8 +17,8 @@ import pytest
 import tomllib
 from click.testing import CliRunner
 
-from ledgerflow import drafts
 from ledgerflow.cli import main
+from ledgerflow.specs import drafts
 from ledgerflow_agents.local import available, missing_packages
 
 from .doc_index_request import POLICY, RECIPE, REQUEST, SEARCH

@@ -6,7 +6,7 @@ import pytest
 
 from ledgerflow import CycleError, DefinitionError, pipeline, task
 from ledgerflow.errors import DuplicateTaskError, MissingInputError, ParameterBindError
-from ledgerflow.spec import load_spec
+from ledgerflow.specs.document import load_spec
 
 
 @task

@@ -35,8 +35,8 @@ def spec_schema(sources: tuple[str, ...], output: str | None) -> None:
       pipeline spec-schema --tasks mypkg.steps --tasks recipes/doc_index/pipeline.py \\
           -o spec.schema.json
     """
-    from ..catalogue import find_tasks
-    from ..specschema import spec_schema as build
+    from ..specs.catalogue import find_tasks
+    from ..specs.schema import spec_schema as build
     base = str(Path(output).resolve().parent) if output else os.getcwd()
     cat = find_tasks(sources, base=base)
     for w in cat.warnings:
@@ -51,10 +51,11 @@ def spec_schema(sources: tuple[str, ...], output: str | None) -> None:
 
 def _report(path: str, policy_path: str | None) -> tuple[Any, Any, Any]:
     """(report, document, draft header) of the spec file at ``path``."""
-    from .. import drafts
-    from ..policy import load_policy
-    from ..problems import Problem
-    from ..spec import Report, check, read_document
+    from ..specs import drafts
+    from ..specs.check import Report, check
+    from ..specs.document import read_document
+    from ..specs.policy import load_policy
+    from ..specs.problems import Problem
     policy = load_policy(policy_path) if policy_path else None
     p = Path(path)
     if not p.is_file():
@@ -95,7 +96,7 @@ def validate(spec: str, policy_path: str | None, plan: bool, store: str | None,
     Example:
       pipeline validate draft.toml --policy POLICY.toml --plan
     """
-    from .. import drafts
+    from ..specs import drafts
     report, doc, header = _report(spec, policy_path)
     digest = drafts.spec_digest(doc) if isinstance(doc, dict) else None
     approved = None
@@ -197,8 +198,8 @@ def approve_draft(spec: str, digest: str, reason: str, by: str | None,
       pipeline approve-draft draft.toml --digest 3fa9c2d1e0b4
     """
     from .. import control as api
-    from .. import drafts
     from ..approval import who
+    from ..specs import drafts
     from ..views import iso
     report, doc, header = _report(spec, policy_path)
     if header is None:

@@ -24,10 +24,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Final
 
-from .errors import InputError
-from .spectypes import ANY, hints_of, to_schema
-from .spectypes import describe as describe_type
-from .task import Task
+from ..errors import InputError
+from ..task import Task
+from .hints import ANY, hints_of, to_schema
+from .hints import describe as describe_type
 
 #: The default of a parameter that has none.
 NO_DEFAULT: Final = inspect.Parameter.empty
@@ -106,7 +106,7 @@ def describe(t: Task[..., Any], ref: str) -> TaskInfo:
     placeholders = getattr(spec, "placeholders", None)
     if callable(placeholders):          # a program task: its parameters are its placeholders
         params = tuple(Param(n, ANY, True, schema={}) for n in sorted(placeholders()))
-        from .program import ProgramResult
+        from ..program import ProgramResult
         info = TaskInfo(ref, t, params, ProgramResult, var_kwargs=True,
                         doc=f"runs {' '.join(getattr(spec, 'argv', ()))}")
     else:
@@ -303,7 +303,7 @@ def find_tasks(sources: Iterable[str] = (), *, base: str | None = None,
         for module in _load(source):
             cat.add_module(module, base)
     if plugins:
-        from .plugins import get_plugin_manager
+        from ..plugins import get_plugin_manager
         pm = get_plugin_manager()
         for _name, plugin in pm.list_name_plugin():
             if isinstance(plugin, ModuleType):

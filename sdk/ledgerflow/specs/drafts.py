@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from .approval import APPROVED, who
-from .deciding import MIN_PREFIX
-from .errors import ApprovalConflictError, InputError, RunNotFoundError, StaleDigestError
-from .keys import digest as content_digest
+from ..approval import APPROVED, who
+from ..deciding import MIN_PREFIX
+from ..errors import ApprovalConflictError, InputError, RunNotFoundError, StaleDigestError
+from ..keys import digest as content_digest
 
 #: The key of the header in a JSON draft (left out of the digest and the checks).
 JSON_KEY: Final = "$draft"

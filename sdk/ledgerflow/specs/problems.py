@@ -1,6 +1,6 @@
 """A problem found in a declarative spec: where it is, what it is, and how to fix it.
 
-Every check of a spec (:mod:`ledgerflow.spec`, :mod:`ledgerflow.policy`)
+Every check of a spec (:mod:`ledgerflow.specs.check`, :mod:`ledgerflow.specs.policy`)
 reports :class:`Problem` objects, so ``pipeline validate --json`` prints them
 as they are and a drafting model gets the same objects back to repair its
 draft. ``path`` points into the spec (``tasks.load.args.rows``,

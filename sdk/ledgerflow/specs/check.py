@@ -1,4 +1,4 @@
-"""Declarative pipelines: a JSON or TOML file listing steps, and the one check of them.
+"""The check of a declarative spec: every problem of a JSON or TOML list of steps, at once.
 
 Example ``etl.toml``::
 
@@ -15,23 +15,23 @@ Example ``etl.toml``::
     map = "extract"                   # one parse per item of extract's list result
     key = "id"                        # each item's key (default: the item or its hash)
 
-A step's fields are ``task`` (an import path, see :mod:`ledgerflow.catalogue`),
+A step's fields are ``task`` (an import path, see :mod:`ledgerflow.specs.catalogue`),
 ``args`` (literal arguments), ``inputs`` (argument -> the step whose result it
 gets), ``map`` (fan out over a step's list result, or element-wise over
 another fan-out; each item goes to the task's first parameter), ``key`` and
 ``after``. This is the one way to write a cycle or an unknown name, so
 :func:`check` reports every problem at once, each as a
-:class:`~ledgerflow.problems.Problem` with its path in the spec: unknown
+:class:`~ledgerflow.specs.problems.Problem` with its path in the spec: unknown
 tasks and fields, missing, unknown or mistyped arguments (from the type
 hints), references to unknown steps, cycles (named), an upstream result
 type that does not fit the parameter it feeds (from return annotations), and
-what a :class:`~ledgerflow.policy.Policy` does not allow; steps with an
+what a :class:`~ledgerflow.specs.policy.Policy` does not allow; steps with an
 approval gate are notes. ``pipeline validate`` prints the report;
-:class:`SpecPipeline` (``pipeline run spec.toml``) refuses to build a graph
+:class:`~ledgerflow.specs.pipeline.SpecPipeline` (``pipeline run spec.toml``) refuses to build a graph
 from a spec that has problems.
 
 A spec written by ``pipeline draft`` carries a header that marks it
-machine-written (:mod:`ledgerflow.drafts`); it runs only once its digest
+machine-written (:mod:`ledgerflow.specs.drafts`); it runs only once its digest
 has been approved.
 """
 
@@ -40,23 +40,19 @@ from __future__ import annotations
 import difflib
 import graphlib
 import json
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final
 
+from ..graph import cycles
 from . import drafts
 from .catalogue import NO_DEFAULT, TaskInfo, Unresolved, describe, resolve
-from .errors import CycleError, DefinitionError, InputError
-from .graph import Graph, Node
-from .pipeline import Pipeline
-from .policy import Policy, StepUse, declared, fill_need
+from .hints import describe as type_text
+from .hints import element_type, json_kind, type_fits, value_fits
+from .policy import Policy, StepUse
 from .policy import check as check_policy
 from .problems import NOTE, Problem, step_path
-from .spectypes import describe as type_text
-from .spectypes import element_type, json_kind, type_fits, value_fits
-from .task import MapRef, TaskRef
+from .touches import races
 
 #: The fields a step may have, and the top-level keys of a spec.
 STEP_FIELDS: Final = ("task", "args", "inputs", "map", "key", "after")
@@ -199,53 +195,12 @@ def check(doc: object, *, folder: str | None = None, policy: Policy | None = Non
                     is_map=s.map is not None)
             for k, s in rep.steps.items()]
     if rep.order:
-        _check_races(rep, uses, policy, cwd)
+        ups = {k: [u for u, _ in s.upstream] for k, s in rep.steps.items()}
+        rep.problems += races(uses, rep.order, ups, policy, cwd)
     if policy is not None:
         rep.problems += check_policy(uses, policy, folder=folder, cwd=cwd)
     rep.problems.sort(key=lambda p: p.path)
     return rep
-
-
-def _check_races(rep: Report, uses: list[StepUse], policy: Policy | None,
-                 cwd: str | None) -> None:
-    """Steps that write a path another step reads or writes, with nothing ordering them."""
-    import os
-    base = cwd or os.getcwd()
-    touches: dict[str, list[tuple[str, str]]] = {}        # path -> [(step, "reads"|"writes")]
-    for use in uses:
-        need = declared(use, policy)
-        for kind in ("reads", "writes"):
-            for template in need[kind]:
-                filled = fill_need(template, use)
-                if isinstance(filled, str):
-                    continue                # known only at run time
-                for value in filled:
-                    if value in ("*", None):
-                        continue
-                    path = os.path.normpath(os.path.join(base, os.path.expanduser(str(value))))
-                    touches.setdefault(path, []).append((use.key, kind))
-    ancestors: dict[str, set[str]] = {}
-    for key in rep.order:                   # upstream before downstream
-        step = rep.steps.get(key)
-        ups = {u for u, _ in step.upstream} if step is not None else set()
-        ancestors[key] = set(ups).union(*(ancestors.get(u, set()) for u in ups))
-    seen: set[tuple[str, str, str]] = set()
-    for path, who in touches.items():
-        for w, wkind in who:
-            if wkind != "writes":
-                continue
-            for other, okind in who:
-                if other == w or (min(w, other), max(w, other), path) in seen:
-                    continue
-                if w in ancestors.get(other, set()) or other in ancestors.get(w, set()):
-                    continue
-                seen.add((min(w, other), max(w, other), path))
-                shown = os.path.relpath(path, base) if path.startswith(base) else path
-                verb = "reads" if okind == "reads" else "also writes"
-                rep.add(step_path(other), "graph.race",
-                        f"step {other!r} {verb} {shown!r}, which step {w!r} writes, but "
-                        "nothing orders the two steps", f'add after = ["{w}"] to step '
-                        f"{other!r} (or order them the other way)")
 
 
 def _fitting(s: Step) -> dict[str, Any]:
@@ -450,7 +405,7 @@ def _edges(raw: Mapping[str, Mapping[str, Any]]) -> dict[str, list[tuple[str, tu
 
 def _check_graph(rep: Report, raw: Mapping[str, Mapping[str, Any]]) -> None:
     edges = _edges(raw)
-    for cycle in _cycles({k: [u for u, _ in ups] for k, ups in edges.items()}):
+    for cycle in cycles({k: [u for u, _ in ups] for k, ups in edges.items()}):
         rep.cycles.append(cycle)
         first, second = cycle[0], cycle[1]
         where = next(w for u, w in edges[first] if u == second)
@@ -461,72 +416,6 @@ def _check_graph(rep: Report, raw: Mapping[str, Mapping[str, Any]]) -> None:
         return
     sorter = graphlib.TopologicalSorter({k: [u for u, _ in ups] for k, ups in edges.items()})
     rep.order = list(sorter.static_order())
-
-
-def _cycles(graph: Mapping[str, list[str]]) -> list[list[str]]:
-    """One cycle per strongly connected component (Tarjan), as ``[a, b, ..., a]``."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    on_stack: set[str] = set()
-    stack: list[str] = []
-    comps: list[list[str]] = []
-    counter = 0
-    for root in sorted(graph):
-        if root in index:
-            continue
-        work: list[tuple[str, int]] = [(root, 0)]
-        while work:
-            node, i = work.pop()
-            if i == 0:
-                index[node] = low[node] = counter
-                counter += 1
-                stack.append(node)
-                on_stack.add(node)
-            succ = graph.get(node, [])
-            if i < len(succ):
-                work.append((node, i + 1))
-                nxt = succ[i]
-                if nxt not in index:
-                    work.append((nxt, 0))
-                elif nxt in on_stack:
-                    low[node] = min(low[node], index[nxt])
-                continue
-            if low[node] == index[node]:
-                comp = []
-                while True:
-                    w = stack.pop()
-                    on_stack.discard(w)
-                    comp.append(w)
-                    if w == node:
-                        break
-                if len(comp) > 1 or node in graph.get(node, []):
-                    comps.append(comp)
-            if work:
-                caller = work[-1][0]
-                low[caller] = min(low[caller], low[node])
-    out = []
-    for comp in comps:
-        members = set(comp)
-        start = min(comp)
-        parent: dict[str, str] = {}
-        queue, end = [start], None
-        while queue and end is None:        # the shortest way back to start (BFS)
-            node = queue.pop(0)
-            for nxt in graph[node]:
-                if nxt == start:
-                    end = node
-                    break
-                if nxt in members and nxt not in parent:
-                    parent[nxt] = node
-                    queue.append(nxt)
-        path = [start]
-        node = end if end is not None else start
-        while node != start:
-            path.append(node)
-            node = parent[node]
-        path = [start, *reversed(path[1:]), start]
-        out.append(path)
-    return sorted(out)
 
 
 def _check_types(rep: Report) -> None:
@@ -571,108 +460,3 @@ def _produced(up: Step) -> Any:
     if up.map is not None:
         return list[up.info.returns]  # type: ignore[name-defined]
     return up.info.returns
-
-
-# -- files -----------------------------------------------------------------------------
-
-def read_document(path: str | Path) -> tuple[Any, str]:
-    """Parse a spec file; return (document, text).
-
-    Raises:
-        InputError: unreadable file, or not valid JSON/TOML.
-    """
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise InputError(f"cannot read spec {path}: {exc.strerror}",
-                         hint="pass an existing .json or .toml file") from None
-    try:
-        if p.suffix == ".toml":
-            import tomllib
-            doc = tomllib.loads(text)
-        else:
-            doc = json.loads(text)
-    except ValueError as exc:
-        raise InputError(f"spec {path} is not valid {p.suffix[1:].upper() or 'JSON'}: {exc}",
-                         hint="fix the file's syntax") from None
-    return doc, text
-
-
-def load_spec(path: str | Path) -> SpecPipeline:
-    """Read a spec file and return a pipeline whose graph it describes."""
-    p = Path(path)
-    doc, text = read_document(p)
-    if not isinstance(doc, dict) or not isinstance(doc.get("tasks"), dict):
-        raise InputError(f"spec {path} has no [tasks] table",
-                         hint="list tasks as tasks.<name> = {task = 'module:function'}")
-    folder = str(p.resolve().parent)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    name = str(doc.get("name") or p.stem)
-    return SpecPipeline(name, doc["tasks"], str(p.resolve()), doc=doc,
-                        header=drafts.parse_header(text, doc))
-
-
-class SpecPipeline(Pipeline[..., Any]):
-    """A pipeline defined by a spec file instead of a function body."""
-
-    def __init__(self, name: str, tasks: dict[str, Any], path: str, *,
-                 doc: dict[str, Any] | None = None,
-                 header: drafts.DraftHeader | None = None) -> None:
-        def body() -> None:
-            return None
-        body.__name__ = name
-        super().__init__(body, name)
-        self.tasks = tasks
-        self.path = path
-        self.doc = doc if doc is not None else {"name": name, "tasks": tasks}
-        #: The draft header when ``pipeline draft`` wrote this file (None: written by hand).
-        self.draft = header
-
-    def target(self) -> str | None:
-        return self.path
-
-    @property
-    def digest(self) -> str:
-        """The canonical digest of the spec's content (what an approval is bound to)."""
-        return drafts.spec_digest(self.doc)
-
-    def admit(self, store: Any) -> None:
-        """Refuse a machine-written draft whose digest has not been approved."""
-        if self.draft is not None:
-            drafts.require_approval(self.path, self.draft, self.digest, store)
-
-    def check(self, policy: Policy | None = None) -> Report:
-        """Every problem of this spec (see :func:`check`)."""
-        return check(self.doc, folder=str(Path(self.path).parent), policy=policy)
-
-    def build(self, *args: Any, **params: Any) -> Graph:
-        report = self.check()
-        if report.problems:
-            problems = [str(p) for p in report.problems]
-            if report.cycles:
-                raise CycleError(report.cycles[0], problems=problems)
-            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            raise DefinitionError(
-                problems[0] + more, problems=problems,
-                hint=(report.problems[0].hint or "fix the spec")
-                + (f"; check them all: pipeline validate {self.path}" if more else ""))
-        graph = Graph(self.name, may_cycle=True)
-
-        def ref(k: str) -> TaskRef | MapRef:
-            return MapRef(k) if report.steps[k].map is not None else TaskRef(k)
-
-        for key in report.order:
-            s = report.steps[key]
-            kwargs: dict[str, Any] = dict(s.args)
-            kwargs.update({p: ref(up) for p, up in s.inputs.items()})
-            deps = tuple(dict.fromkeys(s.inputs.values()))
-            if s.map is not None:
-                graph.nodes[key] = Node(key, s.info.task, True, (), kwargs, deps, s.after,
-                                        source=ref(s.map), item_key=s.item_key,
-                                        where=self.path, has_refs=bool(s.inputs))
-            else:
-                graph.nodes[key] = Node(key, s.info.task, False, (), kwargs, deps, s.after,
-                                        where=self.path, has_refs=bool(s.inputs))
-        return graph.validate()

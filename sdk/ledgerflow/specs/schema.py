@@ -1,12 +1,12 @@
 """The JSON Schema of a declarative spec over a catalogue of tasks (``pipeline spec-schema``).
 
 Each step's ``task`` is an enum of the catalogue's import paths, and each
-task's ``args`` follow its signature and type hints (:mod:`ledgerflow.spectypes`):
+task's ``args`` follow its signature and type hints (:mod:`ledgerflow.specs.hints`):
 a parameter is required unless it has a default, and a required one may come
 from ``args``, from ``inputs`` (a step's result) or, for the first parameter,
 from ``map``. What a schema cannot say (that a named step exists, that there
 is no cycle, that an upstream result's type fits) is checked by
-:func:`ledgerflow.spec.check`.
+:func:`ledgerflow.specs.check.check`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import json
 from typing import Any, Final
 
 from .catalogue import NO_DEFAULT, Catalogue, TaskInfo
+from .check import STEP_FIELDS
 from .drafts import JSON_KEY
-from .spec import STEP_FIELDS
 
 DIALECT: Final = "https://json-schema.org/draft/2020-12/schema"
 
@@ -88,7 +88,7 @@ def spec_schema(catalogue: Catalogue) -> dict[str, Any]:
     """The JSON Schema of a spec whose steps run the catalogue's tasks.
 
     Example:
-        >>> from ledgerflow.catalogue import Catalogue
+        >>> from ledgerflow.specs.catalogue import Catalogue
         >>> spec_schema(Catalogue())["properties"]["tasks"]["type"]
         'object'
     """

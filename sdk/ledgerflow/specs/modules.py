@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError
+from ..errors import InputError
 
 
 def load_module(path: str | Path) -> Any:

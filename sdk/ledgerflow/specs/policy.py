@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from .errors import InputError
+from ..errors import InputError
 from .problems import Problem, step_path
 
 T = TypeVar("T")
