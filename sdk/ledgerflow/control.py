@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
@@ -24,6 +25,7 @@ from .launch import (
     make_executor,
     new_run_id,
     open_ledger,
+    read_run,
     refuse_resume,
     settings_for,
     start,
@@ -114,11 +116,13 @@ def resume(run_id: str, *, store: StoreArg = None, executor: object = None,
            workers: int | None = None, fail_fast: bool | None = None, wait: bool = True,
            pipeline: Pipeline[..., Any] | None = None, progress: Any = None,
            cancel_event: threading.Event | None = None, dask_address: str | None = None,
-           logs: bool | None = None, wait_approvals: bool | None = None) -> Run:
+           logs: bool | None = None, wait_approvals: bool | None = None,
+           view: RunView | None = None) -> Run:
     """Continue ``run_id``: keep its successes, retry lost tasks, reset failed ones.
 
     The pipeline is loaded from the run's recorded target unless ``pipeline``
-    is given.
+    is given. ``view``: the run as the caller just read it (its own row at
+    least), so it is not read again.
 
     Raises:
         NotResumableError: the run succeeded, its driver is still alive, or its
@@ -128,7 +132,8 @@ def resume(run_id: str, *, store: StoreArg = None, executor: object = None,
                             logs=logs, wait_approvals=wait_approvals)
     st = store_for(settings, store)
     with reading(st):
-        view = st.get_run(run_id, tasks=False)
+        if view is None or view.run_id != run_id:
+            view = st.get_run(run_id, tasks=False)
         deciding.apply_deadlines(st, run_id)
     refuse_resume(view)
     pipe = pipeline or recorded_pipeline(view)
@@ -182,11 +187,80 @@ def _plan(st: RunStore, view: RunView) -> list[tuple[str, str, str]]:
                              and not st.blob_exists(row.result_uri)),)]
 
 
-def get_run(run_id: str, *, store: StoreArg = None) -> Run:
-    """A handle on an existing run."""
+def get_run(run_id: str, *, store: StoreArg = None, check: bool = True) -> Run:
+    """A handle on an existing run (``check=False``: not read yet; the first read
+    raises RunNotFoundError if there is no such run)."""
     st = open_ledger(store)
-    st.get_run(run_id, tasks=False)
+    if check:
+        st.get_run(run_id, tasks=False)
     return Run(run_id, st)
+
+
+def head(run: Run) -> RunView:
+    """The run's own row (state, driver, target), without its tasks."""
+    return run.store.get_run(run.run_id, tasks=False)
+
+
+def view(run: Run, *, summed_above: int | None = None, upstream: bool = False) -> RunView:
+    """The run as readers see it; with ``summed_above`` a store that can sum a run
+    of more tasks than that per task name (the DuckDB store's ``summarize``) does."""
+    summarize = getattr(run.store, "summarize", None)
+    if summed_above is not None and summarize is not None:
+        found: RunView | None = summarize(run.run_id, min_tasks=summed_above)
+        if found is not None:
+            return found
+    return read_run(run.store, run.run_id, upstream=upstream)
+
+
+def decisions(run: Run) -> list[dict[str, Any]]:
+    """The run's approval requests with their decisions, as recorded (nothing applied)."""
+    return run.store.approvals(run.run_id)
+
+
+def ledger_location(store: StoreArg = None) -> str:
+    """Where ``store`` (or the default ledger) is, as a user would name it."""
+    if store is not None and not isinstance(store, str):
+        return str(store.location)
+    return str(settings_for(store).store)
+
+
+def reads(run: Run) -> contextlib.AbstractContextManager[None]:
+    """A block of reads of ``run`` sharing one ledger connection (see store.reading)."""
+    return reading(run.store)
+
+
+def fold(*, store: StoreArg = None) -> list[str]:
+    """Fold what stopped drivers left into the ledger's tables; the runs folded."""
+    st = open_ledger(store)
+    done = getattr(st, "fold", None)
+    return list(done()) if done is not None else []
+
+
+def doctor(*, store: StoreArg = None) -> list[dict[str, Any]]:
+    """What is wrong with the ledger: ``{"problem", "what", "fix"}`` per finding."""
+    return open_ledger(store).doctor()
+
+
+def repair(*, store: StoreArg = None) -> tuple[str, list[str]]:
+    """Rebuild the ledger's tables from its journals (see RunStore.repair)."""
+    return open_ledger(store).repair()
+
+
+def lineage_formats() -> list[str]:
+    """The lineage export formats the installed plugins offer."""
+    from .plugins import get_plugin_manager
+    hook = get_plugin_manager().hook
+    return sorted({f for fs in hook.ledgerflow_lineage_formats() for f in fs})
+
+
+def export_lineage(run: Run, fmt: str, path: str) -> int | None:
+    """Write ``run``'s lineage in ``fmt`` to ``path``; the items written (None: no
+    plugin wrote any)."""
+    from .plugins import get_plugin_manager
+    head(run)               # RunNotFoundError before anything is written
+    written: int | None = get_plugin_manager().hook.ledgerflow_export_lineage(
+        format=fmt, run_id=run.run_id, store=run.store, path=path)
+    return written
 
 
 def runs(*, store: StoreArg = None, limit: int = 50) -> list[RunView]:

@@ -207,6 +207,24 @@ def summary(view: RunView, *, all_rows: bool = False, every_row: bool = False) -
         console.print(f"driver is gone: resume with  pipeline resume {view.run_id}")
 
 
+def task_lines(row: TaskRow, attempts: list[dict[str, Any]]) -> list[str]:
+    """``pipeline status --task``: the task's state, then each attempt with its
+    outcome, duration, error and traceback."""
+    cached = f" (cached from {row.cached_from})" if row.cached_from else ""
+    lines = [f"task {row.key} ({row.task_name}): {row.state}{cached}, "
+             f"{row.attempts} attempt(s)"]
+    if row.error:
+        lines.append(f"  error: {row.error}")
+    for a in attempts:
+        took = (f"{a['ended_at'] - a['started_at']:.3f}s"
+                if a["started_at"] is not None and a["ended_at"] is not None else "-")
+        err = f"  {a['error_type']}: {a['error_message']}" if a["outcome"] != "ok" else ""
+        lines.append(f"  attempt {a['attempt']}: {a['outcome']:<9} {took:>9}{err}")
+        if a.get("traceback"):
+            lines += [f"      {line}" for line in a["traceback"].rstrip().splitlines()]
+    return lines
+
+
 def _group_row(table: Any, g: TaskGroup) -> None:
     from rich.markup import escape
     table.add_row(escape(g.name), str(g.count), ", ".join(

@@ -1,0 +1,115 @@
+"""The approval commands: ``approvals`` (what waits), ``approve`` and ``reject``.
+
+A decision is recorded through :mod:`ledgerflow.control`; with ``--resume``
+the run is then driven here if no driver is alive.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from .. import control as api
+from ..states import RunState
+from ..views import iso
+from .drive import drive, finish
+from .guard import guard
+from .options import JSON, STORE, main
+from .render import dumps, out
+
+
+@main.command()
+@click.argument("run_id", required=False)
+@STORE
+@JSON
+@guard
+def approvals(run_id: str | None, store: str | None, as_json: bool) -> None:
+    """List approval requests waiting for a decision (of one run, or of every run).
+
+    \b
+    Example:
+      pipeline approvals 20261129-194138-3fa9c2 --json
+    """
+    rows = api.approvals(run_id, store=store)
+    if as_json:
+        out(dumps([{"run_id": r["run_id"], "task_key": r["task_key"], "action": r["action"],
+                    "summary": r["summary"], "digest": r["digest"], "inputs": r["inputs"],
+                    "requested_at": iso(r["requested_at"]), "deadline": iso(r["deadline"]),
+                    "on_timeout": r["on_timeout"], "approvers": r["approvers"],
+                    "note": r["note"]} for r in rows]))
+        return
+    if not rows:
+        out("no approvals waiting")
+        return
+    for rid in dict.fromkeys(r["run_id"] for r in rows):
+        out(f"run {rid}:")
+        for r in [x for x in rows if x["run_id"] == rid][:50]:
+            deadline = f"  deadline {iso(r['deadline'])} ({r['on_timeout']})" \
+                if r["deadline"] else ""
+            out(f"  {r['task_key']}  {r['action']}: {r['summary']}  digest "
+                f"{r['digest'][:12]}  requested {iso(r['requested_at'])}{deadline}")
+        n = sum(1 for x in rows if x["run_id"] == rid)
+        if n > 50:
+            out(f"  ... and {n - 50} more (pipeline approvals {rid} --json lists them all)")
+
+
+def _decided(doc: dict[str, Any], run_id: str, and_resume: bool, store: str | None) -> None:
+    out(f"{doc['task_key']}: {doc['decision']} by {doc['decided_by']} "
+        f"(digest {doc['digest'][:12]})")
+    view = api.head(api.get_run(run_id, store=store, check=False))
+    if and_resume and view.state != RunState.SUCCEEDED and not view.driver_alive:
+        out(f"resuming {run_id}")
+        finish(drive(lambda cancel, progress: api.resume(
+            run_id, store=store, progress=progress, cancel_event=cancel, view=view),
+            False), False)
+    elif view.driver_alive:
+        out("its driver picks the decision up within a second")
+    else:
+        out(f"continue it with: pipeline resume {run_id}")
+
+
+@main.command()
+@click.argument("run_id")
+@click.argument("task_key")
+@click.option("--digest", required=True, metavar="PREFIX",
+              help="The digest of what you approve (at least 6 characters), as listed by "
+              "pipeline approvals.")
+@click.option("--reason", default="", help="Why (recorded with the decision).")
+@click.option("--as", "by", metavar="NAME", help="Who decides (default: the OS user).")
+@click.option("--resume", "and_resume", is_flag=True,
+              help="Then resume the run here if no driver is alive.")
+@STORE
+@guard
+def approve(run_id: str, task_key: str, digest: str, reason: str, by: str | None,
+            and_resume: bool, store: str | None) -> None:
+    """Approve a request waiting for a decision (bound to its digest).
+
+    \b
+    Example:
+      pipeline approve RUN_ID publish --digest 3fa9c2d1e0b4 --resume
+    """
+    doc = api.approve(run_id, task_key, digest=digest, reason=reason, by=by, store=store)
+    _decided(doc, run_id, and_resume, store)
+
+
+@main.command()
+@click.argument("run_id")
+@click.argument("task_key")
+@click.option("--reason", required=True, help="Why (recorded; the task fails 'rejected').")
+@click.option("--digest", metavar="PREFIX", help="Check the request's digest too.")
+@click.option("--as", "by", metavar="NAME", help="Who decides (default: the OS user).")
+@click.option("--resume", "and_resume", is_flag=True,
+              help="Then resume the run here if no driver is alive.")
+@STORE
+@guard
+def reject(run_id: str, task_key: str, reason: str, digest: str | None, by: str | None,
+           and_resume: bool, store: str | None) -> None:
+    """Reject a request waiting for a decision: the task fails with reason 'rejected'.
+
+    \b
+    Example:
+      pipeline reject RUN_ID publish --reason "wrong index"
+    """
+    doc = api.reject(run_id, task_key, reason=reason, digest=digest, by=by, store=store)
+    _decided(doc, run_id, and_resume, store)

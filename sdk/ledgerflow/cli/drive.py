@@ -1,0 +1,235 @@
+"""The driving commands: ``run``, ``submit``, ``resume``, ``cancel``.
+
+A run is driven in this process with Ctrl-C as cancel and a progress display,
+then its closing table is printed and the exit code says how it ended
+(0 succeeded, 1 failed or cancelled, 3 waiting for approvals).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from .. import control as api
+from ..pipeline import Pipeline
+from ..states import RunState
+from .guard import guard
+from .options import DASK, EXECUTOR, JSON, LOGS, PARAMS, STORE, WAIT, WORKERS, main
+from .params import convert_params
+from .render import ROW_LIMIT, dumps, out, progress_for, summary
+
+
+def drive(start: Callable[[threading.Event, Any], api.Run], as_json: bool,
+          initial: dict[str, int] | None = None) -> api.Run:
+    """Drive a run in this process with Ctrl-C as cancel and a progress display.
+
+    With ``--json`` stdout holds the document alone: anything else written
+    meanwhile (a pipeline body's prints, echoed logs) goes to stderr.
+    """
+    if as_json:
+        real, sys.stdout = sys.stdout, sys.stderr
+        try:
+            return _driven(start, True, initial)
+        finally:
+            sys.stdout = real
+    return _driven(start, False, initial)
+
+
+def _driven(start: Callable[[threading.Event, Any], api.Run], as_json: bool,
+            initial: dict[str, int] | None) -> api.Run:
+    cancel = threading.Event()
+    presses = {"n": 0}
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        presses["n"] += 1
+        if presses["n"] == 1:
+            cancel.set()
+            out("\ncancelling: waiting for running tasks to stop "
+                "(Ctrl-C again to exit at once; the run stays resumable)", err=True)
+        else:
+            os._exit(130)
+
+    old = signal.signal(signal.SIGINT, on_sigint)
+    progress = progress_for(as_json, initial)
+    try:
+        return start(cancel, progress)
+    finally:
+        signal.signal(signal.SIGINT, old)
+        if progress is not None:
+            progress.close()
+
+
+def finish(run: api.Run, as_json: bool) -> None:
+    """Print how ``run`` ended (its table, or its JSON) and exit with its code."""
+    view = api.view(run, summed_above=None if as_json else ROW_LIMIT)
+    waiting = view.state == RunState.WAITING
+    if as_json:
+        out(dumps(view.as_json()))
+    else:
+        summary(view)
+        if waiting:
+            pending_lines(run.approvals(pending_only=True), view.run_id)
+        out(f"details: pipeline status {view.run_id}")
+        if view.state != RunState.SUCCEEDED:
+            out(f"resume:  pipeline resume {view.run_id}"
+                + ("   (once the approvals are decided)" if waiting else ""))
+    sys.exit(0 if view.state == RunState.SUCCEEDED else 3 if waiting else 1)
+
+
+def pending_lines(rows: list[dict[str, Any]], run_id: str) -> None:
+    """What waits for a decision, and how to decide (compact for big fan-outs)."""
+    if not rows:
+        return
+    out(f"{len(rows)} approval(s) waiting:")
+    for r in rows[:20]:
+        out(f"  {r['task_key']}  {r['action']}: {r['summary']}  digest {r['digest'][:12]}")
+    if len(rows) > 20:
+        names: dict[str, int] = {}
+        for r in rows[20:]:
+            name = r["task_key"].split("[", 1)[0]
+            names[name] = names.get(name, 0) + 1
+        out("  ... and " + ", ".join(f"{n} more of {k}" for k, n in names.items()))
+    first = rows[0]
+    out(f"approve: pipeline approve {run_id} '{first['task_key']}' --digest "
+        f"{first['digest'][:12]} --resume")
+    out(f"reject:  pipeline reject {run_id} '{first['task_key']}' --reason '...'")
+
+
+@main.command()
+@click.argument("target")
+@PARAMS
+@STORE
+@EXECUTOR
+@WORKERS
+@DASK
+@click.option("--fail-fast", is_flag=True, envvar="LEDGERFLOW_FAIL_FAST",
+              help="Stop dispatching at the first failure [env LEDGERFLOW_FAIL_FAST].")
+@LOGS
+@WAIT
+@JSON
+@guard
+def run(target: str, params: tuple[str, ...], store: str | None, executor: str | None,
+        workers: int | None, dask_address: str | None, fail_fast: bool, logs: bool,
+        wait_approvals: bool, as_json: bool) -> None:
+    """Run a pipeline: FILE.py[:PIPELINE], a module:PIPELINE, or a .json/.toml spec.
+
+    \b
+    Example:
+      pipeline run recipes/doc_index/pipeline.py -p source=docs/ --workers 2
+    """
+    real = sys.stdout
+    if as_json:
+        sys.stdout = sys.stderr     # a pipeline module's or body's prints: not into the JSON
+    try:
+        pipe = api.load_target(target)
+        values = convert_params(pipe, params)
+        graph = pipe.build(**values)            # validate before anything is written
+    finally:
+        sys.stdout = real
+    api.check_executor(executor)
+    if type(pipe).admit is not Pipeline.admit:  # e.g. a draft nobody approved: refused here
+        pipe.admit(api.open_ledger(store))
+    run_id = api.new_run_id()
+    if not as_json:
+        out(f"run {run_id}  pipeline {pipe.name}  ({len(graph)} steps)")
+
+    def start(cancel: threading.Event, progress: Any) -> api.Run:
+        return api.start(pipe, (), values, store=store, executor=executor, workers=workers,
+                         fail_fast=fail_fast or None, run_id=run_id,
+                         target=api.abs_target(target, pipe.name), progress=progress,
+                         cancel_event=cancel, dask_address=dask_address, graph=graph,
+                         logs=logs or None, wait_approvals=wait_approvals or None)
+
+    finish(drive(start, as_json), as_json)
+
+
+@main.command()
+@click.argument("target")
+@PARAMS
+@STORE
+@JSON
+@guard
+def submit(target: str, params: tuple[str, ...], store: str | None, as_json: bool) -> None:
+    """Record a run without driving it: a worker or `pipeline resume` drives it.
+
+    The run is validated first and recorded ``submitted``; ``pipeline worker``
+    (PostgreSQL store) claims it, or ``pipeline resume RUN_ID`` drives it here.
+
+    \b
+    Example:
+      pipeline submit flows.py -p n=10 --store postgresql://db.example/ledger
+    """
+    pipe = api.load_target(target)
+    values = convert_params(pipe, params)
+    run_id = api.submit(target, params=values, store=store)
+    if as_json:
+        out(dumps({"run_id": run_id, "pipeline": pipe.name, "state": RunState.SUBMITTED.value}))
+    else:
+        out(f"run {run_id}  pipeline {pipe.name}  submitted")
+        out(f"drive it: pipeline worker --store ...   or: pipeline resume {run_id}")
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--plan", is_flag=True, envvar="LEDGERFLOW_PLAN",
+              help="Show what would be reused and re-run; run nothing [env LEDGERFLOW_PLAN].")
+@STORE
+@EXECUTOR
+@WORKERS
+@DASK
+@LOGS
+@WAIT
+@JSON
+@guard
+def resume(run_id: str, plan: bool, store: str | None, executor: str | None,
+           workers: int | None, dask_address: str | None, logs: bool, wait_approvals: bool,
+           as_json: bool) -> None:
+    """Continue a run: keep its successes, retry lost tasks, reset failed ones.
+
+    \b
+    Example:
+      pipeline resume 20261129-194138-3fa9c2 --plan
+    """
+    if plan:
+        if as_json:
+            rows = api.plan_resume(run_id, store=store)
+            out(dumps([{"key": k, "action": a, "why": w} for k, a, w in rows]))
+            return
+        counts, changed = api.plan_summary(run_id, store=store)
+        out(f"resume plan for {run_id}: " + ", ".join(
+            f"{n} {a}" for a, n in sorted(counts.items())))
+        for key, action, why in changed:
+            out(f"  {action:<6} {key}: {why}")
+        return
+    api.check_executor(executor)
+    api.open_ledger(store).get_run(run_id, tasks=False)     # the run exists: say so
+    if not as_json:
+        out(f"run {run_id}  resuming")
+
+    def start(cancel: threading.Event, progress: Any) -> api.Run:
+        return api.resume(run_id, store=store, executor=executor, workers=workers,
+                          progress=progress, cancel_event=cancel, dask_address=dask_address,
+                          logs=logs or None, wait_approvals=wait_approvals or None)
+
+    finish(drive(start, as_json, None), as_json)
+
+
+@main.command()
+@click.argument("run_id")
+@STORE
+@guard
+def cancel(run_id: str, store: str | None) -> None:
+    """Ask a running run to cancel (from any process).
+
+    \b
+    Example:
+      pipeline cancel 20261129-194138-3fa9c2
+    """
+    api.cancel(run_id, store=store)
+    out(f"cancel requested for {run_id}; its driver stops within a second")
