@@ -1,0 +1,186 @@
+"""``pipeline explain`` / ``Run.explain()``: each reason a task ran or was reused, read back
+from a real ledger (DuckDB, and PostgreSQL on the suite's own server)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ledgerflow import NonRetryableError, pipeline, task
+from ledgerflow.errors import TaskNotFoundError
+from tests.postgres.conftest import pg_server, pg_url  # noqa: F401  (the server fixtures)
+
+FLAGS: dict[str, bool] = {"fail": False, "verified": True}
+
+
+@task
+def source(n: int) -> int:
+    return n
+
+
+@task
+def square(v: int) -> int:
+    return v * v
+
+
+@task(version="v1", name="label")
+def label_v1(v: int) -> str:
+    return f"#{v}"
+
+
+@task(version="v2", name="label")
+def label_v2(v: int) -> str:
+    return f"#{v}"
+
+
+@task
+def shout(text: str) -> str:
+    return text.upper()
+
+
+@task
+def fragile(v: int) -> int:
+    if FLAGS["fail"]:
+        raise NonRetryableError("told to fail")
+    return v + 1
+
+
+@task(verify=lambda result, v: FLAGS["verified"])
+def effect(v: int) -> int:
+    return v * 10
+
+
+@task(cache=False)
+def look(v: int) -> int:
+    return v
+
+
+@pipeline
+def chain(n: int = 2) -> str:
+    v = source(n)
+    return shout(label_v1(square(v)))
+
+
+@pipeline(name="chain")
+def chain_v2(n: int = 2) -> str:
+    v = source(n)
+    return shout(label_v2(square(v)))
+
+
+@pipeline
+def effects(n: int = 1) -> int:
+    v = source(n)
+    look(v)
+    effect(v)
+    return square(fragile(v))
+
+
+@pytest.fixture(params=["duckdb", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    FLAGS.update(fail=False, verified=True)
+    if request.param == "duckdb":
+        yield str(tmp_path / "ledger.duckdb")
+    else:
+        yield request.getfixturevalue("pg_url")
+
+
+def reasons(run: object, against: str | None = None) -> dict[str, str]:
+    return {t.key: t.reason for t in run.explain(against=against).tasks}  # type: ignore[attr-defined]
+
+
+def test_a_first_run_is_new_and_a_rerun_is_cached_from_it(store: str) -> None:
+    first = chain.run(store=store)
+    assert set(reasons(first).values()) == {"new"}
+    again = chain.run(store=store)
+    res = again.explain()
+    assert res.against == first.run_id
+    assert {t.reason for t in res.tasks} == {"cached"}
+    t = res.by_key()["square"]
+    assert (t.source_run, t.source_key) == (first.run_id, "square")
+    assert first.run_id in t.detail
+
+
+def test_a_parameter_change_names_the_parameter_and_the_changed_input(store: str) -> None:
+    first = chain.run(store=store, n=2)
+    second = chain.run(store=store, n=3)
+    res = second.explain(against=first.run_id).by_key()
+    assert res["source"].reason == "argument"
+    assert res["source"].changes["params"] == {"n": [2, 3]}
+    assert "n 2 -> 3" in res["source"].detail
+    assert res["square"].reason == "input"
+    old, new = res["square"].changes["inputs"]["source"]
+    assert old != new and old is not None
+    assert f"source {old[:12]} -> {new[:12]}" in res["square"].detail
+
+
+def test_a_code_change_names_the_task_and_leaves_equal_results_reused(store: str) -> None:
+    first = chain.run(store=store)
+    second = chain_v2.run(store=store)
+    res = second.explain(against=first.run_id).by_key()
+    assert res["label"].reason == "code"
+    assert res["label"].changes["code"] == ["v1", "v2"]
+    assert "the code of task 'label' changed (v1 -> v2)" in res["label"].detail
+    assert res["square"].reason == "cached"
+    assert res["shout"].reason == "cached"      # label's result is the same text
+
+
+def test_failed_before_verify_not_reused_and_not_run(store: str) -> None:
+    FLAGS["fail"] = True
+    first = effects.run(store=store)
+    assert first.state == "failed"
+    by = first.explain().by_key()
+    assert by["square"].reason == "not_run" and "upstream_failed" in by["square"].detail
+    FLAGS.update(fail=False, verified=False)
+    second = effects.run(store=store)
+    res = second.explain(against=first.run_id).by_key()
+    assert res["fragile"].reason == "failed_before"
+    assert f"in {first.run_id} it ended failed" in res["fragile"].detail
+    assert res["effect"].reason == "verify"
+    assert "cache hit rejected by verify" in res["effect"].detail
+    assert res["look"].reason == "not_reused"
+    assert "cache=False" in res["look"].detail
+    assert res["source"].reason == "cached"
+
+
+def test_one_task_and_an_unknown_task(store: str) -> None:
+    run = chain.run(store=store)
+    res = run.explain("square")
+    assert [t.key for t in res.tasks] == ["square"]
+    with pytest.raises(TaskNotFoundError, match="has no task 'squar'") as err:
+        run.explain("squar")
+    assert err.value.hint == "did you mean 'square'?"
+
+
+def test_the_command_groups_by_reason_and_prints_json(tmp_path: Path) -> None:
+    flow = tmp_path / "flow.py"
+    flow.write_text("from ledgerflow import pipeline, task\n\n"
+                    "@task\ndef double(x: int) -> int:\n    return 2 * x\n\n"
+                    "@pipeline\ndef many(n: int = 12, k: int = 0) -> list[int]:\n"
+                    "    return double.map(list(range(n + k)))\n")
+    env = {**os.environ, "LEDGERFLOW_STORE": str(tmp_path / "l.duckdb")}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ledgerflow", *args], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=120)
+
+    assert cli("run", str(flow)).returncode == 0
+    done = cli("run", str(flow), "-p", "k=2")
+    assert done.returncode == 0
+    run_id = done.stdout.split()[1]
+    text = cli("explain", run_id)
+    assert text.returncode == 0, text.stderr
+    assert "reused (cache hit): 12" in text.stdout
+    assert "ran: new task: 2" in text.stdout
+    assert "... and 4 more (4 double; --all lists them)" in text.stdout
+    doc = json.loads(cli("explain", run_id, "--json").stdout)
+    assert doc["counts"] == {"cached": 12, "new": 2}
+    assert len(doc["tasks"]) == 14
+    bad = cli("explain", run_id, "--task", "double[99]")
+    assert bad.returncode == 2
+    assert "has no task 'double[99]'" in bad.stderr and "Traceback" not in bad.stderr
