@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import contextvars
 import json
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -17,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .approval import Approval, ApprovalNeeded, Decision, action_digest
+from .attempt_log import append_call, append_step
 from .errors import PluginError
-from .keys import digest, idempotency_key
+from .keys import idempotency_key
 from .results import decode, encode
 
 if TYPE_CHECKING:
@@ -108,8 +108,7 @@ class RunContext:
 
     def _log_call(self, kind: str, fields: dict[str, Any]) -> None:
         if self.run_folder:
-            append_call(call_log_path(self.run_folder, self.task_key), self.attempt, kind,
-                        fields)
+            append_call(self.run_folder, self.task_key, self.attempt, kind, fields)
 
     def model(self, *args: Any, **kwargs: Any) -> Any:
         """Call a model from this task: budgeted, rate limited, recorded, replayed.
@@ -170,8 +169,7 @@ class RunContext:
         self._steps[name] = (kind, data)
         self.steps_done.append((name, kind, data, chash))
         if self.run_folder:
-            append_step(step_log_path(self.run_folder, self.task_key), self.attempt, name,
-                        kind, data, chash)
+            append_step(self.run_folder, self.task_key, self.attempt, name, kind, data, chash)
         return value
 
     def recorded_step(self, name: str) -> tuple[bool, Any]:
@@ -186,8 +184,7 @@ class RunContext:
         self._steps[name] = (kind, data)
         self.steps_done.append((name, kind, data, chash))
         if self.run_folder:
-            append_step(step_log_path(self.run_folder, self.task_key), self.attempt, name,
-                        kind, data, chash)
+            append_step(self.run_folder, self.task_key, self.attempt, name, kind, data, chash)
 
     @property
     def idempotency_key(self) -> str:
@@ -230,56 +227,6 @@ def step_data(value: object) -> tuple[str, str, str]:
     enc = encode(value)
     text = enc.data.decode() if enc.kind == "json" else base64.b64encode(enc.data).decode()
     return enc.kind, text, enc.hash
-
-
-def step_log_path(run_folder: str, task_key: str) -> str:
-    """The file a task's steps are appended to as they complete (durable at once)."""
-    return os.path.join(run_folder, "steps", digest(task_key.encode()) + ".jsonl")
-
-
-def append_step(path: str, attempt: int, name: str, kind: str, data: str, chash: str) -> None:
-    """Append one step result to a step log (one JSON line, one write)."""
-    _append_line(path, json.dumps({"attempt": attempt, "name": name, "kind": kind,
-                                   "data": data, "hash": chash}))
-
-
-def _append_line(path: str, line: str) -> None:
-    """Append one line to a log file in one ``write`` (a crash leaves at most a torn
-    last line, which the readers skip)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (line + "\n").encode())
-    finally:
-        os.close(fd)
-
-
-def read_step_log(path: str) -> list[dict[str, Any]]:
-    """The steps in a step log (a torn last line is left out)."""
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in data.split(b"\n"):
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
-
-
-def call_log_path(run_folder: str, task_key: str) -> str:
-    """The file a task's model calls, tool calls and notices are appended to as
-    they happen (what a resume journals for an attempt lost with its process)."""
-    return os.path.join(run_folder, "calls", digest(task_key.encode()) + ".jsonl")
-
-
-def append_call(path: str, attempt: int, kind: str, fields: dict[str, Any]) -> None:
-    """Append one call or notice to a call log (one JSON line, one write)."""
-    _append_line(path, json.dumps({"attempt": attempt, "kind": kind, "fields": fields},
-                                  default=str))
 
 
 _METHODS: dict[str, Callable[..., Any]] = {}

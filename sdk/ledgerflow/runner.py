@@ -34,13 +34,13 @@ import threading
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._gc import quiet_gc
 from .approval import APPROVED, EXPIRED, REJECTED, Approval, Decision, summarize, task_digest
+from .attempt_log import call_records, logged_calls, logged_steps
 from .config import Settings
-from .context import call_log_path, read_step_log, step_log_path
 from .errors import (
     ApprovalConflictError,
     InvalidTransitionError,
@@ -68,7 +68,6 @@ from .records import (
     AttemptEnded,
     DriverHeader,
     LogRecorded,
-    ModelCall,
     Notice,
     Record,
     ResultRecorded,
@@ -76,7 +75,6 @@ from .records import (
     RunStateChanged,
     StepRecorded,
     TaskCreated,
-    ToolCall,
     Transition,
 )
 from .results import decode
@@ -106,15 +104,6 @@ _SUCCEEDED, _FAILED, _CANCELLED = _T.SUCCEEDED.value, _T.FAILED.value, _T.CANCEL
 _UPSTREAM_FAILED = _T.UPSTREAM_FAILED.value
 _WAITING_APPROVAL = _T.WAITING_APPROVAL.value
 _NO_STEPS: dict[str, tuple[str, str]] = {}
-#: Defaults of the fields a task may leave out when it records a model or tool call.
-_MODEL_CALL: dict[str, Any] = {
-    "seq": 0, "provider": "", "model": "", "key_alias": "", "request_hash": "",
-    "response_hash": "", "input_tokens": 0, "output_tokens": 0, "cost": 0.0,
-    "latency": 0.0, "finish_reason": "", "tool_calls": [], "reserved_tokens": 0,
-    "reserved_cost": 0.0, "replayed": False, "content": ""}
-_TOOL_CALL: dict[str, Any] = {
-    "seq": 0, "tool": "", "arguments_digest": "", "approved_by": "", "outcome": "",
-    "result_hash": "", "error": "", "replayed": False}
 _TERMINAL = frozenset(s.value for s in TERMINAL)
 _FAILED_LIKE = frozenset(s.value for s in FAILED_LIKE)
 _NOT_STARTED = frozenset(s.value for s in NOT_STARTED)
@@ -295,27 +284,13 @@ class Runner:
     def _recover_calls(self, key: str, attempt: int) -> None:
         """Journal the model calls, tool calls and notices of an attempt that never
         reported (lost with its process): they were kept in its call log as made."""
-        if self.folders is None:
-            return
-        for line in read_step_log(call_log_path(self.folders[1], key)):
-            if line.get("attempt") != attempt:
-                continue
-            self._calls_records(key, attempt, **{line.get("kind", ""): [line["fields"]]})
+        if self.folders is not None:
+            self.buf += logged_calls(self.folders[1], key, attempt)
 
-    def _calls_records(self, key: str, attempt: int, *,
-                       model: Sequence[dict[str, Any]] = (),
-                       tool: Sequence[dict[str, Any]] = (),
-                       notice: Sequence[dict[str, Any]] = (), **_: Any) -> None:
-        """Records of an attempt's model calls, tool calls and notices."""
-        for call in model:
-            self.buf.append(ModelCall(**{**_MODEL_CALL, **call, "task_key": key,
-                                         "attempt": attempt}))
-        for call in tool:
-            self.buf.append(ToolCall(**{**_TOOL_CALL, **call, "task_key": key,
-                                        "attempt": attempt}))
-        for n in notice:
-            self.buf.append(Notice(key, attempt, str(n.get("kind", "")),
-                                   str(n.get("message", "")), float(n.get("ts") or time.time())))
+    def _calls_records(self, key: str, attempt: int, c: Completion) -> None:
+        """Records of the model calls, tool calls and notices an attempt reported."""
+        self.buf += call_records(key, attempt, c.model_calls, c.tool_calls,
+                                 [{"kind": k, "message": m, "ts": t} for k, m, t in c.notices])
 
     def _attempt_ended(self, record: AttemptEnded) -> None:
         """Record how an attempt ended (observers hear of it after the commit)."""
@@ -698,8 +673,8 @@ class Runner:
         if inst.attempt <= 1 or self.folders is None:
             return self.steps.get(inst.key, _NO_STEPS)
         recorded = self.steps.setdefault(inst.key, {})
-        for line in read_step_log(step_log_path(self.folders[1], inst.key)):
-            recorded.setdefault(line["name"], (line["kind"], line["data"]))
+        for name, kind, data in logged_steps(self.folders[1], inst.key):
+            recorded.setdefault(name, (kind, data))
         return recorded
 
     def _load_signals(self) -> None:
@@ -810,9 +785,7 @@ class Runner:
                            f"result ({c.outcome}) arrived after the attempt timed out; "
                            "rejected, not applied")
                 # what it spent is real all the same: its calls and notices are kept
-                self._calls_records(late[0], late[1], model=c.model_calls, tool=c.tool_calls,
-                                    notice=[{"kind": k, "message": m, "ts": t}
-                                            for k, m, t in c.notices])
+                self._calls_records(late[0], late[1], c)
             elif 0 < c.job_id <= len(self.job_task):   # neither running nor timed out: done
                 self._note(self.job_task[c.job_id - 1].key, self.job_attempt[c.job_id - 1],
                            "duplicate_result_rejected",
@@ -842,8 +815,7 @@ class Runner:
             return
         self._attempt_ended(AttemptEnded(inst.key, inst.attempt, c.outcome, c.started_at,
                                      c.ended_at, c.error_type, c.error_message, c.traceback))
-        self._calls_records(inst.key, inst.attempt, model=c.model_calls, tool=c.tool_calls,
-                            notice=[{"kind": k, "message": m, "ts": t} for k, m, t in c.notices])
+        self._calls_records(inst.key, inst.attempt, c)
         if c.steps:
             recorded = self.steps.setdefault(inst.key, {})
             for name, kind, data, step_hash in c.steps:
