@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ledgerflow.errors import DefinitionError
+from ledgerflow.procs import pid_alive, proc_start
 
 from ._canonical import digest
 from .errors import BudgetExceeded
@@ -102,6 +103,13 @@ class Amount:
     model_calls: int = 0
     tool_calls: int = 0
 
+    def __post_init__(self) -> None:
+        # a spend is never negative: a negative one would credit every budget it settles
+        for k in DIMENSIONS:
+            value = getattr(self, k)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"a budget amount is never negative or infinite: {k}={value!r}")
+
     def as_dict(self) -> dict[str, float]:
         return {k: float(getattr(self, k)) for k in DIMENSIONS}
 
@@ -138,32 +146,18 @@ class Owner:
         pid = os.getpid()
         found = _ME.get(pid)
         if found is None:
-            found = _ME[pid] = cls(socket.gethostname(), pid, _start_time(pid))
+            found = _ME[pid] = cls(socket.gethostname(), pid, proc_start(pid) or "?")
         return found
 
     def alive(self) -> bool:
         """False only when sure: same host and that process is gone (or another one)."""
         if self.host != socket.gethostname():
             return True
-        return _start_time(self.pid) == self.started and self.started != ""
+        known = None if self.started == "?" else self.started     # "?": start unknown
+        return self.started != "" and pid_alive(self.pid, known)
 
 
 _ME: dict[int, Owner] = {}
-
-
-def _start_time(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read().decode(errors="replace")
-        return stat.rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return ""
-        except PermissionError:
-            return "?"
-        return "?"
 
 
 class BudgetLedger(Protocol):

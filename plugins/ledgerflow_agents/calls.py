@@ -121,6 +121,18 @@ def _cost(model: ChatModel, usage: Usage) -> float:
     return model.pricing.cost(usage.input_tokens, usage.output_tokens) if model.pricing else 0.0
 
 
+def _checked(resp: ModelResponse) -> ModelResponse:
+    """``resp`` once its usage is known to be whole non-negative counts.
+
+    Any provider, ours or a plugin's, may answer with a usage object of its
+    own: the counts are checked again here, so a negative or absurd one is a
+    :class:`MalformedResponse` (billed at the reservation), never a credit.
+    """
+    usage = resp.usage
+    Usage(getattr(usage, "input_tokens", None), getattr(usage, "output_tokens", None))
+    return resp
+
+
 def result_text(value: object, limit: int | None = None) -> str:
     """A tool's result as the text the model reads (JSON unless it is a string)."""
     text = value if isinstance(value, str) else json.dumps(value, default=str,
@@ -293,7 +305,7 @@ class Session:
                 with _observe("model_call", model.provider, model.model,
                               max_tokens=request.max_output_tokens,
                               temperature=request.temperature) as span:
-                    resp = model.complete(request, timeout=gov.timeout)
+                    resp = _checked(model.complete(request, timeout=gov.timeout))
                     if span is not None:
                         span.usage(resp.usage.input_tokens, resp.usage.output_tokens,
                                    cost_usd=_cost(model, resp.usage),

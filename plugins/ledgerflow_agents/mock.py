@@ -312,8 +312,10 @@ class MockModel:
                calls: Sequence[ToolCall]) -> Usage:
         scripted = turn.get("usage") or {}
         out_size = len(text) + sum(len(canonical_json(dict(c))) for c in calls)
-        input_tokens = int(scripted.get("input_tokens", self.estimate_input_tokens(request)))
-        output_tokens = int(scripted.get("output_tokens", max(1, math.ceil(out_size / 4))))
+        # a scripted count is passed on as the provider's, unchecked: Usage refuses a
+        # bad one as a malformed answer (a test of what a real provider may send)
+        input_tokens = scripted.get("input_tokens", self.estimate_input_tokens(request))
+        output_tokens = scripted.get("output_tokens", max(1, math.ceil(out_size / 4)))
         if turn.get("fault") == "oversize":
             output_tokens = max(output_tokens, 2 * request.max_output_tokens)
         return Usage(input_tokens, output_tokens)

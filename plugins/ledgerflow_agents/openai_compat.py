@@ -37,6 +37,7 @@ from .provider import (
     ToolCall,
     Usage,
     estimate_tokens_from_bytes,
+    token_count,
 )
 
 __all__ = ["OpenAICompatModel", "parse_retry_after"]
@@ -244,9 +245,12 @@ class OpenAICompatModel:
             raise MalformedResponse(f"{self.base_url} sent an answer without choices[0].message",
                                     raw=raw) from exc
         usage_doc = doc.get("usage") or {}
-        if "prompt_tokens" in usage_doc:
-            usage = Usage(int(usage_doc.get("prompt_tokens") or 0),
-                          int(usage_doc.get("completion_tokens") or 0))
+        if not isinstance(usage_doc, dict):
+            raise MalformedResponse(f"{self.base_url} sent a usage that is not an object: "
+                                    f"{str(usage_doc)[:120]!r}", raw=raw)
+        if "prompt_tokens" in usage_doc:     # checked: a negative count is never a credit
+            usage = Usage(_count(usage_doc, "prompt_tokens"),
+                          _count(usage_doc, "completion_tokens"))
         else:  # some servers omit usage: bill our estimate, marked as such
             usage = Usage(self.estimate_input_tokens(request), request.max_output_tokens,
                           estimated=True)
@@ -269,6 +273,11 @@ class OpenAICompatModel:
                              usage=usage, finish_reason=finish, provider=self.provider,
                              model=str(doc.get("model") or self.model), request=body,
                              response=doc, raw=raw, latency_s=latency)
+
+
+def _count(usage: dict[str, Any], name: str) -> int:
+    value = usage.get(name)
+    return token_count(0 if value is None else value, f"usage.{name}")
 
 
 @hookimpl

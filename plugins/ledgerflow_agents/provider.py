@@ -27,9 +27,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypedDict, runtime_checkable
 
+from ledgerflow.errors import DefinitionError
+
 from ._canonical import canonical_json, digest
+from .errors import MalformedResponse
 
 __all__ = [
+    "MAX_CALL_TOKENS",
     "ChatModel",
     "ModelRequest",
     "ModelResponse",
@@ -45,6 +49,27 @@ __all__ = [
 #: must call.
 ToolChoice = str
 FinishReason = Literal["stop", "tool_calls", "length", "error"]
+
+#: The most tokens one call may report in either direction: more is a
+#: malformed answer, never a bill (no model reads or writes ten million
+#: tokens in one call).
+MAX_CALL_TOKENS = 10_000_000
+
+
+def token_count(value: object, what: str) -> int:
+    """``value`` as a token count a provider reported, or :class:`MalformedResponse`.
+
+    A count is a whole number from 0 to :data:`MAX_CALL_TOKENS` (``bool``,
+    floats, strings and negatives are refused): a provider's answer must never
+    be able to credit a budget.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or \
+            not 0 <= value <= MAX_CALL_TOKENS:
+        raise MalformedResponse(
+            f"the provider reported {what} = {value!r}, not a whole number from 0 to "
+            f"{MAX_CALL_TOKENS:,}", hint="the answer is refused and its call billed at "
+            "its reservation; check the provider (or the mock script)")
+    return value
 
 
 class ToolCall(TypedDict):
@@ -71,6 +96,10 @@ class ToolSpec(_ToolSpecRequired, total=False):
 class Usage:
     """Tokens spent by one call.
 
+    Raises:
+        MalformedResponse: a count that is not a whole number from 0 to
+            :data:`MAX_CALL_TOKENS` (a negative one would be a credit).
+
     Attributes:
         input_tokens: prompt tokens billed.
         output_tokens: generated tokens billed.
@@ -81,6 +110,10 @@ class Usage:
     input_tokens: int
     output_tokens: int
     estimated: bool = False
+
+    def __post_init__(self) -> None:
+        token_count(self.input_tokens, "input_tokens")
+        token_count(self.output_tokens, "output_tokens")
 
     @property
     def total_tokens(self) -> int:
@@ -97,14 +130,17 @@ class Usage:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Usage:
-        """Inverse of :meth:`to_dict`."""
-        return cls(int(data.get("input_tokens", 0)), int(data.get("output_tokens", 0)),
+        """Inverse of :meth:`to_dict` (counts checked as :func:`token_count` does)."""
+        return cls(data.get("input_tokens", 0), data.get("output_tokens", 0),
                    bool(data.get("estimated", False)))
 
 
 @dataclass(frozen=True, slots=True)
 class Pricing:
     """Declared prices in US dollars per token (``None`` on a model: unknown).
+
+    Raises:
+        DefinitionError: a negative, infinite or non-numeric price.
 
     Example:
         >>> p = Pricing.per_million(input=0.15, output=0.60)
@@ -114,6 +150,15 @@ class Pricing:
 
     input_usd_per_token: float
     output_usd_per_token: float
+
+    def __post_init__(self) -> None:
+        for name in ("input_usd_per_token", "output_usd_per_token"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    not math.isfinite(value) or value < 0:
+                raise DefinitionError(f"pricing {name} must be a number >= 0, given: "
+                                      f"{value!r}", hint="e.g. Pricing.per_million("
+                                      "input=0.15, output=0.60)")
 
     @classmethod
     def per_million(cls, *, input: float, output: float) -> Pricing:

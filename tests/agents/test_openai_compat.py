@@ -254,3 +254,26 @@ def test_retry_after_as_an_http_date() -> None:
                              now=1445412500.0) == pytest.approx(10.0)
     assert parse_retry_after({"retry-after-ms": "1500"}) == 1.5
     assert parse_retry_after({}) is None
+
+
+# -- issue 31 #3: usage is checked, a negative count is never a credit --------------------
+
+@pytest.mark.parametrize("usage", [{"prompt_tokens": -500, "completion_tokens": 3},
+                                   {"prompt_tokens": 5, "completion_tokens": -3},
+                                   {"prompt_tokens": "lots", "completion_tokens": 3},
+                                   {"prompt_tokens": 2.5, "completion_tokens": 3},
+                                   {"prompt_tokens": 10 ** 12, "completion_tokens": 3}])
+def test_bad_usage_is_malformed_never_a_credit(model: OpenAICompatModel, server: FakeServer,
+                                                    usage: dict[str, Any]) -> None:
+    server.replies.append(Reply(body=completion("hello", usage=usage)))
+    with pytest.raises(MalformedResponse, match="usage"):
+        model.complete(ModelRequest([{"role": "user", "content": "hi"}]))
+
+
+def test_a_usage_that_is_not_an_object_is_malformed(model: OpenAICompatModel,
+                                                          server: FakeServer) -> None:
+    body = completion("hello")
+    body["usage"] = [1, 2]
+    server.replies.append(Reply(body=body))
+    with pytest.raises(MalformedResponse, match="usage"):
+        model.complete(ModelRequest([{"role": "user", "content": "hi"}]))
