@@ -32,11 +32,13 @@ def test_strict_typing() -> None:
 
 
 def test_program_is_exported_lazily() -> None:
-    code = ("import sys, ledgerflow; assert 'ledgerflow.program' not in sys.modules; "
+    code = ("import sys, ledgerflow; assert 'ledgerflow.programs' not in sys.modules; "
             "t = ledgerflow.program('echo', ['echo', 'hi']); "
             "assert ledgerflow.Limits(cpu_s=1).cpu_s == 1; "
-            "import ledgerflow.program as m; from ledgerflow import program; "
-            "assert program is m and program('e', ['true']).name == 'e'; print(t.name)")
+            "import ledgerflow.programs as m; from ledgerflow import program; "
+            "from ledgerflow.programs import ProgramError; "
+            "assert program is m.program and program('e', ['true']).name == 'e'; "
+            "assert callable(ledgerflow.program) and ProgramError; print(t.name)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 0 and res.stdout.strip() == "echo", res.stderr

@@ -45,11 +45,11 @@ import cloudpickle
 
 from ledgerflow.config import Settings
 from ledgerflow.executor import Completion, Job, execute
-from ledgerflow.program import alive, descendants, is_supervisor, supervisor_pids
+from ledgerflow.programs.tree import alive, descendants, is_supervisor, supervisor_pids
 
 #: What the forkserver imports once, so each worker starts in milliseconds
 #: (``_forkserver``: workers do not run the driver's ``__main__`` again).
-PRELOAD = ["ledgerflow", "ledgerflow.program", "ledgerflow_executors.process_pool",
+PRELOAD = ["ledgerflow", "ledgerflow.programs", "ledgerflow_executors.process_pool",
            "ledgerflow_executors._forkserver"]
 WORKER_NAME = "ledgerflow-worker"      # = _forkserver.WORKER_NAME
 _HELLO = b"ready"

@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ledgerflow.procs import proc_start
+
 from .connection import Database, is_connection_error
 
 log = logging.getLogger("ledgerflow")
@@ -40,18 +42,6 @@ DEFAULT_TTL = 30.0
 SIGNAL_POLL = 1.0
 SIGNALS_CHANNEL = "ledgerflow_signals"
 RUNS_CHANNEL = "ledgerflow_runs"
-
-
-def proc_start(pid: int) -> str | None:
-    """The start time of ``pid`` (from /proc), or None if it is not running."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        if fields[0] in ("Z", "X"):
-            return None
-        return fields[19]
-    except (OSError, IndexError):
-        return None
 
 
 def holder() -> tuple[int, str, str | None]:

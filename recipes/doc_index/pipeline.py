@@ -50,8 +50,8 @@ import doc_index_text as text
 import numpy as np
 import pyarrow as pa
 
-from ledgerflow import InputError, NonRetryableError, context, pipeline, task
-from ledgerflow.program import Limits, ProgramError, program
+from ledgerflow import InputError, Limits, NonRetryableError, context, pipeline, program, task
+from ledgerflow.programs import ProgramError
 from ledgerflow_docindex import store
 from ledgerflow_docindex import terms as index_terms
 from ledgerflow_embed import Embedder, encode, get_embedder

@@ -45,20 +45,18 @@ from .pipeline import Pipeline, pipeline
 from .task import Task, task
 
 if _typing.TYPE_CHECKING:
-    from .program import Limits as Limits
-    from .program import program as program
+    from .programs import Limits as Limits
+    from .programs import program as program
 
-#: Exported on first use, so ``import ledgerflow`` stays light.
-_LAZY = {"program": "program", "Limits": "program"}
+#: Exported on first use (from :mod:`ledgerflow.programs`), so ``import ledgerflow`` stays light.
+_LAZY = ("program", "Limits")
 
 
 def __getattr__(name: str) -> _typing.Any:
-    """``ledgerflow.program`` and ``ledgerflow.Limits``, imported when first used."""
+    """``ledgerflow.program`` (the function) and ``ledgerflow.Limits``, imported when first used."""
     if name in _LAZY:
-        import importlib
-        module = importlib.import_module(f".{_LAZY[name]}", __name__)
-        # the import binds the module ``program`` here; it is callable (ledgerflow.program(...))
-        return module if name == "program" else getattr(module, name)
+        from . import programs
+        return getattr(programs, name)
     raise AttributeError(f"module 'ledgerflow' has no attribute {name!r}")
 
 

@@ -48,6 +48,34 @@ class TaskOptions:
     #: A check of a cache hit from another run (see :func:`task`).
     verify: Callable[..., object] | None = None
 
+    @classmethod
+    def from_arguments(cls, *, retries: int = 0, retry_delay: float = 0.0, backoff: float = 1.0,
+                       jitter: float = 0.0, timeout: float | None = None,
+                       retry_on: type[BaseException] | Sequence[type[BaseException]] | None
+                       = None, **rest: Any) -> TaskOptions:
+        """Options from the keyword arguments of ``@task`` (or ``program()``), checked once.
+
+        ``retry_on`` may be one exception type, several, or None (any ``Exception``);
+        the other keywords (``cache``, ``version``, ...) are passed on as they are.
+        """
+        if retries < 0:
+            raise DefinitionError(f"retries must be 0 or more, given: {retries}",
+                                  hint="use retries=0 for a single attempt")
+        if timeout is not None and timeout <= 0:
+            raise DefinitionError(f"timeout must be positive, given: {timeout}",
+                                  hint="pass timeout=None for no limit")
+        if not 0.0 <= jitter <= 1.0:
+            raise DefinitionError(f"jitter must be between 0 and 1, given: {jitter}",
+                                  hint="jitter is a fraction of the delay, e.g. jitter=0.1")
+        if retry_on is None:
+            kinds: tuple[type[BaseException], ...] = (Exception,)
+        elif isinstance(retry_on, type):
+            kinds = (retry_on,)
+        else:
+            kinds = tuple(retry_on)
+        return cls(retries=retries, retry_delay=retry_delay, backoff=backoff, jitter=jitter,
+                   timeout=timeout, retry_on=kinds, **rest)
+
     def delay(self, failures: int, rand: float) -> float:
         """Seconds to wait before the next attempt after ``failures`` failures."""
         base = self.retry_delay * (self.backoff ** max(failures - 1, 0))
@@ -387,28 +415,13 @@ def task(fn: Callable[P, R] | None = None, /, *, retries: int = 0, retry_delay: 
         >>> add(1, 2)
         3
     """
-    if retries < 0:
-        raise DefinitionError(f"retries must be 0 or more, given: {retries}",
-                              hint="use retries=0 for a single attempt")
-    if timeout is not None and timeout <= 0:
-        raise DefinitionError(f"timeout must be positive, given: {timeout}",
-                              hint="pass timeout=None for no limit")
-    if not 0.0 <= jitter <= 1.0:
-        raise DefinitionError(f"jitter must be between 0 and 1, given: {jitter}",
-                              hint="jitter is a fraction of the delay, e.g. jitter=0.1")
     if verify is not None and not callable(verify):
         raise DefinitionError(f"verify must be a function, given: {verify!r}",
                               hint="pass verify=fn with fn(result, *args, **kwargs) -> bool")
-    if retry_on is None:
-        kinds: tuple[type[BaseException], ...] = (Exception,)
-    elif isinstance(retry_on, type):
-        kinds = (retry_on,)
-    else:
-        kinds = tuple(retry_on)
-    options = TaskOptions(retries=retries, retry_delay=retry_delay, backoff=backoff,
-                          jitter=jitter, timeout=timeout, retry_on=kinds, cache=cache,
-                          version=version, name=name, approve=gate_of(approve),
-                          verify=verify)
+    options = TaskOptions.from_arguments(
+        retries=retries, retry_delay=retry_delay, backoff=backoff, jitter=jitter,
+        timeout=timeout, retry_on=retry_on, cache=cache, version=version, name=name,
+        approve=gate_of(approve), verify=verify)
 
     def wrap(f: Callable[P, R]) -> Task[P, R]:
         if isinstance(f, Task):

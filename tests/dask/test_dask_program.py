@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from ledgerflow import pipeline
-from ledgerflow.program import program
+from ledgerflow import program
 from ledgerflow_dask import DaskExecutor
 from tests.waiting import wait_until
 

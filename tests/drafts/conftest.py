@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: network, one behind an approval gate), plus a model step and a program.
 STEPS = (ROOT / "docs" / "drafts-example" / "steps.py").read_text() + '''
 
-from ledgerflow.program import program
+from ledgerflow import program
 
 
 @needs(models=["{model}"], keys=["{key}"], budget_usd="{budget}")

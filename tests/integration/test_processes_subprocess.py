@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ledgerflow.program import descendants
+from ledgerflow.programs import descendants
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.subprocess
@@ -24,7 +24,7 @@ FLOW = '''
 import os, sys, time
 from pathlib import Path
 from ledgerflow import pipeline, task
-from ledgerflow.program import program
+from ledgerflow import program
 
 FX = Path(os.environ["FX"])
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.subprocess
 DRIVER = '''
 import sys
 from ledgerflow import pipeline
-from ledgerflow.program import program
+from ledgerflow import program
 
 stubborn = program("stubborn", [sys.executable, sys.argv[1], sys.argv[2]], grace=1)
 

@@ -11,7 +11,8 @@ import pytest
 
 import ledgerflow
 from ledgerflow import DefinitionError, pipeline
-from ledgerflow.program import Limits, ProgramError, program
+from ledgerflow import Limits, program
+from ledgerflow.programs import ProgramError
 from tests.program.proctools import PY, alive, kill_all, roles
 from tests.waiting import wait_until
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from ledgerflow import TaskTimedOut, pipeline
-from ledgerflow.program import LimitExceeded, Limits, program
+from ledgerflow import Limits, program
+from ledgerflow.programs import LimitExceeded
 from tests.program.proctools import PY, alive
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None,

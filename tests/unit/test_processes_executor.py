@@ -10,7 +10,7 @@ import pytest
 
 from ledgerflow import context, pipeline, task
 from ledgerflow.control import load_module
-from ledgerflow.program import descendants
+from ledgerflow.programs import descendants
 from tests.waiting import wait_until
 
 

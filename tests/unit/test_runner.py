@@ -200,7 +200,7 @@ def test_timeout_does_not_unlock_downstream_and_late_result_is_rejected(
 
 
 def test_processes_executor_kills_a_timed_out_attempt(tmp_path: Path, ledger: str) -> None:
-    from ledgerflow.program import descendants
+    from ledgerflow.programs import descendants
 
     @task(timeout=0.3, retries=1)
     def sleepy(folder: str) -> None:

@@ -19,34 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ledgerflow.procs import pid_alive, proc_start
+
 #: A lease from another host counts as alive this long after its last heartbeat.
 REMOTE_TTL = 10.0
-
-
-def proc_start(pid: int) -> str | None:
-    """The start time of ``pid`` (from /proc), or None if it is not running."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        if fields[0] in ("Z", "X"):
-            return None
-        return fields[19]
-    except (OSError, IndexError):
-        return None
-
-
-def pid_alive(pid: int, start: str | None) -> bool:
-    """True if ``pid`` runs and (when known) started at ``start``."""
-    if os.path.isdir("/proc"):
-        now = proc_start(pid)
-        return now is not None and (start is None or now == start)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Leases:

@@ -106,7 +106,7 @@ def describe(t: Task[..., Any], ref: str) -> TaskInfo:
     placeholders = getattr(spec, "placeholders", None)
     if callable(placeholders):          # a program task: its parameters are its placeholders
         params = tuple(Param(n, ANY, True, schema={}) for n in sorted(placeholders()))
-        from ..program import ProgramResult
+        from ..programs import ProgramResult
         info = TaskInfo(ref, t, params, ProgramResult, var_kwargs=True,
                         doc=f"runs {' '.join(getattr(spec, 'argv', ()))}")
     else:
