@@ -1,6 +1,6 @@
 """Where the PostgreSQL store's large results go: a directory every driver can reach.
 
-The files are the shared :class:`ledgerflow_stores.blobs.Blobs` (content-addressed,
+The files are the shared :class:`ledgerflow.blobs.Blobs` (content-addressed,
 paths relative to the root, so machines that mount the same shared directory at
 different places still find them), each fsync'd before the commit that names it.
 The root is ``LEDGERFLOW_BLOB_DIR`` (default: ``.ledgerflow`` under the working
@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ledgerflow_stores.blobs import Blobs
+from ledgerflow.blobs import Blobs
 
 #: JSON results up to this many bytes are kept inline in the ledger rows.
 INLINE_LIMIT = 8192

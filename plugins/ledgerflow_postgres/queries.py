@@ -7,21 +7,16 @@ liveness) is done in :mod:`ledgerflow_postgres.store`.
 
 from __future__ import annotations
 
-import json
-from typing import Any
+from typing import Any, TypeVar
 
-from ledgerflow.records import (
-    KINDS,
-    AnyRecord,
-    Record,
-    columns,
-    decode_line,
-    field_types,
-)
-from ledgerflow.store import CacheHit
+from ledgerflow import ledger
+from ledgerflow.ledger import CacheSQL
+from ledgerflow.records import AnyRecord, Record, decode_line
 from ledgerflow.views import RunView, TaskRow
 
 from .sql import RUN_FIELDS, TASK_COLUMNS
+
+R = TypeVar("R", bound=Record)
 
 _RUN_SQL = ("SELECT " + ", ".join(f'r."{c}"' for c in RUN_FIELDS) +
             ", l.expires_at > now(), l.pid, l.host, l.pid_start "
@@ -107,68 +102,16 @@ def list_runs(con: Any, limit: int) -> list[tuple[RunView, tuple[Any, ...]]]:
     return list(out.values())
 
 
-_CACHED = ("FROM tasks WHERE state = 'succeeded' AND fingerprint IS NOT NULL "
-           "AND task_name = ANY(%s) AND run_id IS DISTINCT FROM %s")
+#: The cache index's queries (:class:`ledgerflow.ledger.CacheSQL`) in PostgreSQL's dialect.
+CACHED = CacheSQL("task_name = ANY(%s) AND run_id IS DISTINCT FROM %s")
 
 
-def cache_lookup(con: Any, names: list[str], exclude_run: str | None) -> dict[str, CacheHit]:
-    """One committed result per fingerprint (the newest run's) of tasks named ``names``."""
-    if not names:
-        return {}
-    rows = con.execute(
-        "SELECT DISTINCT ON (fingerprint) fingerprint, run_id, task_key, result_hash, "
-        f"result_kind, result_data, result_uri, result_size {_CACHED} "
-        "ORDER BY fingerprint, run_id DESC", [names, exclude_run]).fetchall()
-    return {fp: tuple(rest) for fp, *rest in rows}
+def _order(kind: type[Record]) -> str:
+    return "seq" if kind.TABLE == "events" else "id"
 
 
-def cached_count(con: Any, names: list[str], exclude_run: str | None) -> int:
-    """How many committed results :func:`cache_lookup` chooses from."""
-    if not names:
-        return 0
-    return int(con.execute(f"SELECT count(*) {_CACHED}", [names, exclude_run]).fetchone()[0])
-
-
-def cached_fingerprints(con: Any, names: list[str], exclude_run: str | None) -> set[str]:
-    """The fingerprints :func:`cache_lookup` would map (without their entries)."""
-    return {fp for (fp,) in con.execute(f"SELECT DISTINCT fingerprint {_CACHED}",
-                                         [names, exclude_run]).fetchall()}
-
-
-def _select(kind: type[Record]) -> str:
-    cols = ", ".join(f'"{c}"' for c in columns(kind))
-    return f"SELECT {cols} FROM {kind.TABLE} WHERE run_id = %s"
-
-
-_RECORD_SQL: dict[type[Record], str] = {
-    kind: _select(kind) for kind in KINDS.values() if kind.TABLE}
-
-
-def _json_fields(kind: type[Record]) -> list[int]:
-    """Positions of the fields kept as JSON text (dicts)."""
-    hints = field_types(kind)
-    return [i for i, c in enumerate(columns(kind))
-            if (getattr(hints[c], "__origin__", None) or hints[c]) is dict]
-
-
-def record_rows(con: Any, run_id: str, kind: type[Record], *, task_key: str | None = None,
-                attempt: int | None = None) -> list[Any]:
+def record_rows(con: Any, run_id: str, kind: type[R], *, task_key: str | None = None,
+                attempt: int | None = None) -> list[R]:
     """The rows of an append-only record kind, as records, in the order written."""
-    sql = _RECORD_SQL[kind]
-    params: list[Any] = [run_id]
-    if task_key is not None:
-        sql += " AND task_key = %s"
-        params.append(task_key)
-    if attempt is not None:
-        sql += " AND attempt = %s"
-        params.append(attempt)
-    out = []
-    as_json = _json_fields(kind)
-    order = "seq" if "seq" in columns(kind) and kind.TABLE == "events" else "id"
-    for row in con.execute(f"{sql} ORDER BY {order}", params):
-        if as_json:
-            row = list(row)
-            for i in as_json:
-                row[i] = json.loads(row[i]) if isinstance(row[i], str) else (row[i] or {})
-        out.append(kind(*row))
-    return out
+    return ledger.record_rows(con, run_id, kind, mark="%s", order=_order,
+                              task_key=task_key, attempt=attempt)

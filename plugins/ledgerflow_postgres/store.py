@@ -37,13 +37,11 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, TypeVar
-
-import msgspec
 
 from ledgerflow.errors import (
     ApprovalConflictError,
@@ -52,41 +50,22 @@ from ledgerflow.errors import (
     RunNotFoundError,
     StoreError,
 )
+from ledgerflow.ledger import RecordReads, matching
 from ledgerflow.projection import apply
 from ledgerflow.records import (
     KINDS,
     AnyRecord,
-    ApprovalDecided,
-    ApprovalRequested,
-    ArtifactRecorded,
     AttemptEnded,
-    LogRecorded,
-    ModelCall,
-    Notice,
     Record,
     ResultRecorded,
     RunDefined,
-    StepRecorded,
     TaskCreated,
-    ToolCall,
     Transition,
     encode_line,
 )
-from ledgerflow.results import Encoded
 from ledgerflow.states import RUN_ACTIVE
-from ledgerflow.store import CacheHit, CacheIndex, Lease
-from ledgerflow.views import (
-    RunView,
-    TaskRow,
-    approval_rows,
-    attempt_dict,
-    decision_dict,
-    event_dict,
-    lineage_rows,
-    log_dict,
-    notice_dict,
-    step_dict,
-)
+from ledgerflow.store import CacheHit, Lease
+from ledgerflow.views import RunView, TaskRow
 
 from . import queries, schema
 from .blobs import shared_blobs
@@ -165,7 +144,7 @@ class _QuietPool(logging.Filter):
 logging.getLogger("psycopg.pool").addFilter(_QuietPool())
 
 
-class PostgresStore:
+class PostgresStore(RecordReads):
     """The ledger in a PostgreSQL database (see the module docstring).
 
     Args:
@@ -617,20 +596,6 @@ class PostgresStore:
                     raise
                 self._reset_writer()
 
-    # -- results --------------------------------------------------------------------------
-    def put_blob(self, enc: Encoded) -> str | None:
-        return self.blobs.put(enc)
-
-    def read_blob(self, kind: str, data: str | None, uri: str | None) -> Any:
-        return self.blobs.read(kind, data, uri)
-
-    def blob_exists(self, uri: str) -> bool:
-        return self.blobs.path(uri).exists()
-
-    def result_path(self, uri: str) -> str:
-        """The file behind a result URI (Parquet for tables)."""
-        return str(self.blobs.path(uri))
-
     # -- reading --------------------------------------------------------------------------
     @staticmethod
     def _alive(view: RunView, lease: tuple[Any, ...]) -> bool:
@@ -692,67 +657,33 @@ class PostgresStore:
             "AND s.kind = 'cancel' AND s.token >= l.token LIMIT 1", [run_id]).fetchone(),
             f"reading run {run_id}"))
 
-    #: Cache entries read when a run starts, at most; beyond, the fingerprints alone
-    #: (the entries on the first hit: see :class:`ledgerflow.store.CacheIndex`).
-    cache_entries_at_start = 5000
+    # -- the shared read side's primitives (see :class:`ledgerflow.ledger.RecordReads`) ---
+    def _cache_read(self, names: list[str], exclude_run: str | None,
+                    limit: int | None) -> dict[str, CacheHit] | set[str]:
+        return self._read(  # type: ignore[no-any-return]
+            lambda con: queries.CACHED.read(con, names, exclude_run, limit),
+            "reading the cache")
 
-    def cache_lookup(self, task_names: Iterable[str],
-                     exclude_run: str | None = None) -> Mapping[str, CacheHit]:
-        names = list(task_names)
-
-        def entries() -> dict[str, CacheHit]:
-            return self._read(  # type: ignore[no-any-return]
-                lambda con: queries.cache_lookup(con, names, exclude_run), "reading the cache")
-
-        def lookup(con: Any) -> dict[str, CacheHit] | set[str]:
-            if queries.cached_count(con, names, exclude_run) <= self.cache_entries_at_start:
-                return queries.cache_lookup(con, names, exclude_run)
-            return queries.cached_fingerprints(con, names, exclude_run)
-        found = self._read(lookup, "reading the cache")
-        return CacheIndex(found, entries) if isinstance(found, set) else found
-
-    @staticmethod
-    def _kind_rows(con: Any, run_id: str, kind: type[R], task_key: str | None = None,
+    def _kind_rows(self, run_id: str, kind: type[R], *, task_key: str | None = None,
                    attempt: int | None = None) -> list[R]:
         """The rows of an append-only kind: folded ones, then the unfolded commits'."""
-        rows: list[R] = queries.record_rows(con, run_id, kind, task_key=task_key,
-                                            attempt=attempt)
-        for _, _, rs in queries.tail(con, run_id):
-            for r in rs:
-                if type(r) is kind and (task_key is None or getattr(
-                        r, "task_key", None) == task_key) and (
-                        attempt is None or getattr(r, "attempt", None) == attempt):
-                    rows.append(r)
-        return rows
-
-    def _records(self, run_id: str, kind: type[R], task_key: str | None = None,
-                 attempt: int | None = None) -> list[R]:
         def read(con: Any) -> list[R]:
             if not queries.has_run(con, run_id):
                 raise RunNotFoundError(f"no run {run_id!r} in {self.db.shown}")
-            return self._kind_rows(con, run_id, kind, task_key, attempt)
+            rows: list[R] = queries.record_rows(con, run_id, kind, task_key=task_key,
+                                                attempt=attempt)
+            for _, _, rs in queries.tail(con, run_id):
+                rows += matching(rs, kind, task_key, attempt)
+            return rows
         return self._read(read, f"reading run {run_id}")  # type: ignore[no-any-return]
 
-    def lineage(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
+    def _side_decisions(self, run_id: str) -> list[dict[str, Any]]:
+        """Decisions made by any process: the ``signals`` rows."""
         def read(con: Any) -> list[dict[str, Any]]:
-            view, tail = self._merged(con, run_id)
-            arts = queries.record_rows(con, run_id, ArtifactRecorded)
-            arts += [r for r in tail if type(r) is ArtifactRecorded]
-            approvals = approval_rows(self._kind_rows(con, run_id, ApprovalRequested),
-                                      self._decisions(con, run_id))
-            return lineage_rows(view, arts, task_key, approvals)
+            return [json.loads(p) for (p,) in con.execute(
+                "SELECT payload FROM signals WHERE run_id = %s AND kind = 'decision' "
+                "ORDER BY id", [run_id])]
         return self._read(read, f"reading run {run_id}")  # type: ignore[no-any-return]
-
-    def notices(self, run_id: str) -> list[dict[str, Any]]:
-        return [notice_dict(r) for r in self._records(run_id, Notice)]
-
-    def attempts(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
-        return [attempt_dict(r) for r in self._records(run_id, AttemptEnded, task_key=task_key)]
-
-    def logs(self, run_id: str, task_key: str | None = None,
-             attempt: int | None = None) -> list[dict[str, Any]]:
-        return [log_dict(r) for r in self._records(run_id, LogRecorded, task_key=task_key,
-                                                   attempt=attempt)]
 
     # -- approvals and steps -------------------------------------------------------------
     def decide(self, run_id: str, task_key: str, digest: str, decision: str, by: str,
@@ -786,31 +717,11 @@ class PostgresStore:
         self.keeper.add_decision(run_id, doc)
         return doc
 
-    def _decisions(self, con: Any, run_id: str) -> list[dict[str, Any]]:
-        out = [json.loads(p) for (p,) in con.execute(
-            "SELECT payload FROM signals WHERE run_id = %s AND kind = 'decision' "
-            "ORDER BY id", [run_id])]
-        seen = {d["digest"] for d in out}
-        journaled = self._kind_rows(con, run_id, ApprovalDecided)
-        return out + [decision_dict(r) for r in journaled if r.digest not in seen]
-
     def approval_decisions(self, run_id: str) -> list[dict[str, Any]]:
         held = self.keeper.decisions(run_id)
         if held is not None:       # polled by the runner: from the keeper's memory
             return held
-        return self._read(lambda con: self._decisions(con, run_id),  # type: ignore[no-any-return]
-                          f"reading run {run_id}")
-
-    def approvals(self, run_id: str) -> list[dict[str, Any]]:
-        def read(con: Any) -> list[dict[str, Any]]:
-            if not queries.has_run(con, run_id):
-                raise RunNotFoundError(f"no run {run_id!r} in {self.db.shown}")
-            return approval_rows(self._kind_rows(con, run_id, ApprovalRequested),
-                                 self._decisions(con, run_id))
-        return self._read(read, f"reading run {run_id}")  # type: ignore[no-any-return]
-
-    def steps(self, run_id: str) -> list[dict[str, Any]]:
-        return [step_dict(r) for r in self._records(run_id, StepRecorded)]
+        return super().approval_decisions(run_id)
 
     # -- recovery -------------------------------------------------------------------------
     def _dead_tails(self, con: Any) -> list[tuple[str, int]]:
@@ -955,15 +866,6 @@ class PostgresStore:
                 con.execute(sql, params)
         with self._flock:
             self.db.retrying(attempt, what=f"repairing run {run_id}", reset=self._reset_folder)
-
-    def events(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
-        return [event_dict(r) for r in self._records(run_id, Transition, task_key=task_key)]
-
-    def model_calls(self, run_id: str) -> list[dict[str, Any]]:
-        return [msgspec.structs.asdict(r) for r in self._records(run_id, ModelCall)]
-
-    def tool_calls(self, run_id: str) -> list[dict[str, Any]]:
-        return [msgspec.structs.asdict(r) for r in self._records(run_id, ToolCall)]
 
     def worker_folders(self, run_id: str) -> tuple[str, str]:
         """(the shared result directory, this run's folder in it): where workers keep

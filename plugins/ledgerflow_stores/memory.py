@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
-import msgspec
-
 from ledgerflow import hookimpl
+from ledgerflow.blobs import MemoryBlobs
 from ledgerflow.config import Settings
 from ledgerflow.errors import (
     ApprovalConflictError,
@@ -21,40 +20,17 @@ from ledgerflow.errors import (
     NotResumableError,
     RunNotFoundError,
 )
+from ledgerflow.ledger import RecordReads, matching
 from ledgerflow.projection import apply
-from ledgerflow.records import (
-    RUN_KINDS,
-    ApprovalDecided,
-    ApprovalRequested,
-    ArtifactRecorded,
-    AttemptEnded,
-    LogRecorded,
-    ModelCall,
-    Notice,
-    Record,
-    StepRecorded,
-    ToolCall,
-    Transition,
-)
-from ledgerflow.results import Encoded, decode
+from ledgerflow.records import RUN_KINDS, Record
 from ledgerflow.states import TaskState
 from ledgerflow.store import CacheHit, Lease
-from ledgerflow.views import (
-    RunView,
-    approval_rows,
-    attempt_dict,
-    decision_dict,
-    event_dict,
-    lineage_rows,
-    log_dict,
-    notice_dict,
-    step_dict,
-)
+from ledgerflow.views import RunView
 
 R = TypeVar("R", bound=Record)
 
 
-class MemoryStore:
+class MemoryStore(RecordReads):
     """A run store kept in this process's memory."""
 
     name = "memory"
@@ -67,7 +43,7 @@ class MemoryStore:
         self._tokens: dict[str, int] = {}
         self._held: set[str] = set()
         self._cancel: set[str] = set()
-        self._blobs: dict[str, bytes] = {}
+        self.blobs = MemoryBlobs(inline_limit=65536)
         self._indexes: dict[str, dict[str, tuple[str, CacheHit]]] = {}
         self._decisions: dict[str, dict[str, dict[str, Any]]] = {}
 
@@ -106,18 +82,6 @@ class MemoryStore:
             if self._tokens.get(lease.run_id) == lease.token:
                 self._held.discard(lease.run_id)
 
-    def put_blob(self, enc: Encoded) -> str | None:
-        if enc.kind == "json" and enc.size <= 65536:
-            return None
-        uri = f"memory://{enc.hash}.{enc.kind}"
-        self._blobs[uri] = enc.data
-        return uri
-
-    def read_blob(self, kind: str, data: str | None, uri: str | None) -> Any:
-        if uri is not None:
-            return decode(kind, self._blobs[uri])
-        return decode(kind, (data or "null").encode())
-
     def get_run(self, run_id: str, *, tasks: bool = True, upstream: bool = True) -> RunView:
         with self._lock:
             records = self._records.get(run_id)
@@ -140,17 +104,17 @@ class MemoryStore:
     def cancel_requested(self, run_id: str) -> bool:
         return run_id in self._cancel
 
-    def cache_lookup(self, task_names: Iterable[str],
-                     exclude_run: str | None = None) -> dict[str, CacheHit]:
-        names = set(task_names)
+    def _cache_read(self, names: list[str], exclude_run: str | None,
+                    limit: int | None) -> dict[str, CacheHit] | set[str]:
+        wanted = set(names)
         out: dict[str, CacheHit] = {}
         for run_id in reversed(list(self._records)):      # newest run first
             if run_id == exclude_run:
                 continue
             for fp, (name, hit) in self._successes(run_id).items():
-                if name in names:
+                if name in wanted:
                     out.setdefault(fp, hit)
-        return out
+        return out      # in memory already: never only the fingerprints
 
     def _successes(self, run_id: str) -> dict[str, tuple[str, CacheHit]]:
         """fingerprint -> (task name, cache hit) of a run; kept once the run is idle."""
@@ -168,34 +132,13 @@ class MemoryStore:
                 self._indexes[run_id] = index
         return index
 
-    def _rows(self, run_id: str, kind: type[R]) -> list[R]:
+    def _kind_rows(self, run_id: str, kind: type[R], *, task_key: str | None = None,
+                   attempt: int | None = None) -> list[R]:
         with self._lock:
             records = self._records.get(run_id)
             if records is None:
                 raise RunNotFoundError(f"no run {run_id!r} in {self.location}")
-            return [r for r in records if type(r) is kind]
-
-    def lineage(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
-        view = self.get_run(run_id)
-        return lineage_rows(view, self._rows(run_id, ArtifactRecorded), task_key,
-                            self.approvals(run_id),
-                            self.model_calls(run_id) + self.tool_calls(run_id))
-
-    def logs(self, run_id: str, task_key: str | None = None,
-             attempt: int | None = None) -> list[dict[str, Any]]:
-        return [log_dict(r) for r in self._rows(run_id, LogRecorded)
-                if (task_key is None or r.task_key == task_key)
-                and (attempt is None or r.attempt == attempt)]
-
-    def blob_exists(self, uri: str) -> bool:
-        return uri in self._blobs
-
-    def notices(self, run_id: str) -> list[dict[str, Any]]:
-        return [notice_dict(r) for r in self._rows(run_id, Notice)]
-
-    def attempts(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
-        return [attempt_dict(r) for r in self._rows(run_id, AttemptEnded)
-                if task_key is None or r.task_key == task_key]
+            return matching(records, kind, task_key, attempt)
 
     def decide(self, run_id: str, task_key: str, digest: str, decision: str, by: str,
                reason: str) -> dict[str, Any]:
@@ -213,28 +156,12 @@ class MemoryStore:
                                   "decided_at": time.time()}
         return doc
 
-    def approval_decisions(self, run_id: str) -> list[dict[str, Any]]:
+    def _side_decisions(self, run_id: str) -> list[dict[str, Any]]:
         with self._lock:
-            out = list(self._decisions.get(run_id, {}).values())
-        seen = {d["digest"] for d in out}
-        return out + [decision_dict(r) for r in self._rows(run_id, ApprovalDecided)
-                      if r.digest not in seen]
-
-    def approvals(self, run_id: str) -> list[dict[str, Any]]:
-        return approval_rows(self._rows(run_id, ApprovalRequested),
-                             self.approval_decisions(run_id))
-
-    def steps(self, run_id: str) -> list[dict[str, Any]]:
-        return [step_dict(r) for r in self._rows(run_id, StepRecorded)]
+            return list(self._decisions.get(run_id, {}).values())
 
     def worker_folders(self, run_id: str) -> None:
         return None         # nothing on disk: steps live in the records only
-
-    def model_calls(self, run_id: str) -> list[dict[str, Any]]:
-        return [msgspec.structs.asdict(r) for r in self._rows(run_id, ModelCall)]
-
-    def tool_calls(self, run_id: str) -> list[dict[str, Any]]:
-        return [msgspec.structs.asdict(r) for r in self._rows(run_id, ToolCall)]
 
     def recover(self) -> None:
         return None         # nothing is derived: reads fold the records themselves
@@ -245,9 +172,6 @@ class MemoryStore:
 
     def repair(self) -> tuple[str, list[str]]:
         return "", []
-    def events(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
-        return [event_dict(r) for r in self._rows(run_id, Transition)
-                if task_key is None or r.task_key == task_key]
 
     def close(self) -> None:
         return None

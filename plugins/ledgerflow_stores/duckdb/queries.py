@@ -7,15 +7,15 @@ tail is the store's job (:mod:`ledgerflow_stores.duckdb.store`).
 
 from __future__ import annotations
 
-import json
-import typing
 from itertools import starmap
-from typing import Any
+from typing import Any, TypeVar
 
-from ledgerflow.records import Record, columns, field_types
-from ledgerflow.store import CacheHit
+from ledgerflow import ledger
+from ledgerflow.ledger import CacheSQL
+from ledgerflow.records import Record
 from ledgerflow.views import RunView, TaskGroup, TaskRow
 
+R = TypeVar("R", bound=Record)
 Folded = dict[int, int]      # token -> journal offset folded
 
 
@@ -136,53 +136,13 @@ def list_runs(con: Any, limit: int) -> dict[str, RunView]:
     return views
 
 
-_CACHED = ("FROM tasks WHERE state = 'succeeded' AND fingerprint IS NOT NULL "
-           "AND task_name IN (SELECT unnest($1::VARCHAR[])) AND run_id IS DISTINCT FROM $2")
+#: The cache index's queries (:class:`ledgerflow.ledger.CacheSQL`) in DuckDB's dialect.
+CACHED = CacheSQL("task_name IN (SELECT unnest($1::VARCHAR[])) "
+                  "AND run_id IS DISTINCT FROM $2")
 
 
-def cache_lookup(con: Any, names: list[str], exclude_run: str | None) -> dict[str, CacheHit]:
-    """One committed result per fingerprint (the newest run's) of tasks named ``names``."""
-    out: dict[str, CacheHit] = {}
-    if con is None or not names:
-        return out
-    # the index grows with the distinct work done, not with how many times it was re-run
-    rows = con.execute(
-        "SELECT DISTINCT ON (fingerprint) fingerprint, run_id, task_key, result_hash, "
-        f"result_kind, result_data, result_uri, result_size {_CACHED} "
-        "ORDER BY fingerprint, run_id DESC", [names, exclude_run]).fetchall()
-    for fp, *rest in rows:
-        out[fp] = tuple(rest)
-    return out
-
-
-def cached_count(con: Any, names: list[str], exclude_run: str | None) -> int:
-    """How many committed results :func:`cache_lookup` chooses from (a bound on its
-    entries; a count is a few ms where the entries of 100,000 take ~0.2 s)."""
-    if con is None or not names:
-        return 0
-    return int(con.execute(f"SELECT count(*) {_CACHED}", [names, exclude_run]).fetchone()[0])
-
-
-def cached_fingerprints(con: Any, names: list[str], exclude_run: str | None) -> set[str]:
-    """The fingerprints :func:`cache_lookup` would map (without their entries)."""
-    return {fp for (fp,) in con.execute(f"SELECT DISTINCT fingerprint {_CACHED}",
-                                         [names, exclude_run]).fetchall()}
-
-
-def record_rows(con: Any, run_id: str, kind: type[Record]) -> list[Any]:
+def record_rows(con: Any, run_id: str, kind: type[R], *, task_key: str | None = None,
+                attempt: int | None = None) -> list[R]:
     """The folded rows of an append-only record kind, as records (in their order)."""
-    if con is None or kind.TABLE is None:
-        return []
-    cols = columns(kind)
-    types = field_types(kind)
-    as_json = [i for i, c in enumerate(cols)
-               if (typing.get_origin(types[c]) or types[c]) is dict]
-    names = ", ".join(f'"{c}"' for c in cols)
-    out = []
-    for row in con.execute(f"SELECT {names} FROM {kind.TABLE} WHERE run_id = ? "
-                           "ORDER BY rowid", [run_id]).fetchall():
-        if as_json:
-            row = tuple(json.loads(v) if i in as_json and isinstance(v, str) else
-                        ({} if i in as_json and v is None else v) for i, v in enumerate(row))
-        out.append(kind(*row))
-    return out
+    return ledger.record_rows(con, run_id, kind, mark="?", order=lambda _: "rowid",
+                              task_key=task_key, attempt=attempt)

@@ -10,7 +10,8 @@ on, the driver folds the tail at the end. Readers in any process open the
 file read-only for a moment and add the unfolded journal tail
 (:func:`ledgerflow.projection.apply`), so ``status``, ``runs`` and ``cancel``
 work while a run is active. Leases and cancel requests are files
-(:mod:`.lease`), large results content-addressed files (:mod:`ledgerflow_stores.blobs`).
+(:mod:`.lease`), large results content-addressed files (:mod:`ledgerflow.blobs`); the reads are
+:class:`ledgerflow.ledger.RecordReads` over this store's primitives.
 """
 
 from __future__ import annotations
@@ -18,12 +19,11 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-import msgspec
-
+from ledgerflow.blobs import Blobs
 from ledgerflow.errors import (
     DamagedLedgerError,
     JournalDamagedError,
@@ -34,40 +34,13 @@ from ledgerflow.errors import (
     StoreError,
     StoreLockedError,
 )
+from ledgerflow.ledger import RecordReads, matching
 from ledgerflow.projection import apply
-from ledgerflow.records import (
-    RUN_KINDS,
-    AnyRecord,
-    ApprovalDecided,
-    ApprovalRequested,
-    ArtifactRecorded,
-    AttemptEnded,
-    LogRecorded,
-    ModelCall,
-    Notice,
-    Record,
-    RunDefined,
-    StepRecorded,
-    Takeover,
-    ToolCall,
-    Transition,
-)
-from ledgerflow.results import Encoded
+from ledgerflow.records import RUN_KINDS, AnyRecord, Record, RunDefined, Takeover
 from ledgerflow.states import RUN_ACTIVE, TaskState
-from ledgerflow.store import CacheHit, CacheIndex, Lease
-from ledgerflow.views import (
-    RunView,
-    approval_rows,
-    attempt_dict,
-    decision_dict,
-    event_dict,
-    lineage_rows,
-    log_dict,
-    notice_dict,
-    step_dict,
-)
+from ledgerflow.store import CacheHit, Lease
+from ledgerflow.views import RunView
 
-from ..blobs import Blobs
 from . import doctor, queries
 from .connection import Ledger
 from .decisions import Decisions
@@ -80,7 +53,7 @@ T = TypeVar("T")
 _ACTIVE = frozenset(s.value for s in RUN_ACTIVE)
 
 
-class DuckDBStore:
+class DuckDBStore(RecordReads):
     """The default ledger (see the module docstring for the design).
 
     Args:
@@ -263,20 +236,6 @@ class DuckDBStore:
         what was cut."""
         return doctor.rebuild(self)
 
-    # -- results -------------------------------------------------------------------------
-    def put_blob(self, enc: Encoded) -> str | None:
-        return self.blobs.put(enc)
-
-    def read_blob(self, kind: str, data: str | None, uri: str | None) -> Any:
-        return self.blobs.read(kind, data, uri)
-
-    def blob_exists(self, uri: str) -> bool:
-        return self.blobs.path(uri).exists()
-
-    def result_path(self, uri: str) -> str:
-        """The file behind a result URI (Parquet for tables: ``read_parquet`` it)."""
-        return str(self.blobs.path(uri))
-
     # -- reading -------------------------------------------------------------------------
     def _tail(self, con: Any, run_id: str) -> tuple[list[AnyRecord], list[str]]:
         """The records of ``run_id`` not folded yet (a superseded driver's are left out),
@@ -384,59 +343,26 @@ class DuckDBStore:
     def cancel_requested(self, run_id: str) -> bool:
         return self.leases.cancel_requested(run_id)
 
-    #: Cache entries read when a run starts, at most; beyond, the fingerprints alone
-    #: (the entries on the first hit: see :class:`ledgerflow.store.CacheIndex`).
-    cache_entries_at_start = 5000
-
-    def cache_lookup(self, task_names: Iterable[str],
-                     exclude_run: str | None = None) -> Mapping[str, CacheHit]:
-        names = list(task_names)
+    # -- the shared read side's primitives (see :class:`ledgerflow.ledger.RecordReads`) ---
+    def _cache_read(self, names: list[str], exclude_run: str | None,
+                    limit: int | None) -> dict[str, CacheHit] | set[str]:
         with self.ledger.connect(False) as con:
-            if queries.cached_count(con, names, exclude_run) <= self.cache_entries_at_start:
-                return queries.cache_lookup(con, names, exclude_run)
-            fps = queries.cached_fingerprints(con, names, exclude_run)
+            return queries.CACHED.read(con, names, exclude_run, limit)
 
-        def load() -> dict[str, CacheHit]:
-            with self.ledger.connect(False) as con:
-                return queries.cache_lookup(con, names, exclude_run)
-        return CacheIndex(fps, load)
-
-    def _records(self, run_id: str, kind: type[R]) -> list[R]:
+    def _kind_rows(self, run_id: str, kind: type[R], *, task_key: str | None = None,
+                   attempt: int | None = None) -> list[R]:
         """Every record of ``kind`` of a run: folded rows, then the journal tail."""
         with self.ledger.connect(False) as con:
             known = queries.has_run(con, run_id)
-            rows: list[R] = queries.record_rows(con, run_id, kind) if known else []
+            rows: list[R] = queries.record_rows(con, run_id, kind, task_key=task_key,
+                                                attempt=attempt) if known else []
             tail, _ = self._tail(con, run_id)
         if not known and not any(isinstance(r, RunDefined) for r in tail):
             raise RunNotFoundError(f"no run {run_id!r} in {self.location}")
-        return rows + [r for r in tail if type(r) is kind]
+        return rows + matching(tail, kind, task_key, attempt)
 
-    def lineage(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
-        with self.ledger.connect(False) as con:
-            view = queries.load_run(con, run_id)
-            rows = queries.record_rows(con, run_id, ArtifactRecorded) if view else []
-            tail, damage = self._tail(con, run_id)
-        view = self._view(run_id, view, tail, damage)
-        arts = rows + [r for r in tail if type(r) is ArtifactRecorded]
-        return lineage_rows(view, arts, task_key, self.approvals(run_id),
-                            self.model_calls(run_id) + self.tool_calls(run_id))
-
-    def notices(self, run_id: str) -> list[dict[str, Any]]:
-        return [notice_dict(r) for r in self._records(run_id, Notice)]
-
-    def attempts(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
-        return [attempt_dict(r) for r in self._records(run_id, AttemptEnded)
-                if task_key is None or r.task_key == task_key]
-
-    def events(self, run_id: str, task_key: str | None = None) -> list[dict[str, Any]]:
-        return [event_dict(r) for r in self._records(run_id, Transition)
-                if task_key is None or r.task_key == task_key]
-
-    def logs(self, run_id: str, task_key: str | None = None,
-             attempt: int | None = None) -> list[dict[str, Any]]:
-        return [log_dict(r) for r in self._records(run_id, LogRecorded)
-                if (task_key is None or r.task_key == task_key)
-                and (attempt is None or r.attempt == attempt)]
+    def _side_decisions(self, run_id: str) -> list[dict[str, Any]]:
+        return self.decisions.all(run_id)
 
     # -- approvals and steps -----------------------------------------------------------
     def decide(self, run_id: str, task_key: str, digest: str, decision: str, by: str,
@@ -448,31 +374,10 @@ class DuckDBStore:
             "task_key": task_key, "digest": digest, "decision": decision,
             "decided_by": by, "reason": reason, "decided_at": time.time()})
 
-    def approval_decisions(self, run_id: str) -> list[dict[str, Any]]:
-        """Every decision of the run: decision files, and those in the journal."""
-        out = self.decisions.all(run_id)
-        seen = {d["digest"] for d in out}
-        out += [decision_dict(r) for r in self._records(run_id, ApprovalDecided)
-                if r.digest not in seen]
-        return out
-
-    def approvals(self, run_id: str) -> list[dict[str, Any]]:
-        return approval_rows(self._records(run_id, ApprovalRequested),
-                             self.approval_decisions(run_id))
-
-    def steps(self, run_id: str) -> list[dict[str, Any]]:
-        return [step_dict(r) for r in self._records(run_id, StepRecorded)]
-
     def worker_folders(self, run_id: str) -> tuple[str, str]:
         """(the ledger's side folder, this run's folder): where workers on this machine
         keep durable files (step logs, budgets, rate limits)."""
         return str(self.side), str(self.leases.run_dir(run_id))
-
-    def model_calls(self, run_id: str) -> list[dict[str, Any]]:
-        return [msgspec.structs.asdict(r) for r in self._records(run_id, ModelCall)]
-
-    def tool_calls(self, run_id: str) -> list[dict[str, Any]]:
-        return [msgspec.structs.asdict(r) for r in self._records(run_id, ToolCall)]
 
     def driver_alive(self, run_id: str) -> bool:
         """True if a live process drives ``run_id``: its lease names one, or one holds

@@ -18,8 +18,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ledgerflow.errors import MissingResultError
-from ledgerflow.results import Encoded, decode
+from .errors import MissingResultError
+from .results import Encoded, decode
 
 _EXT = {"arrow": "parquet", "pickle": "pkl", "json": "json"}
 
@@ -66,6 +66,10 @@ class Blobs:
         """The file behind a result URI."""
         return self.root / uri
 
+    def exists(self, uri: str) -> bool:
+        """True if the file behind ``uri`` is still there."""
+        return self.path(uri).exists()
+
     def read(self, kind: str, data: str | None, uri: str | None) -> Any:
         """The value of a result: inline ``data``, or the file at ``uri``.
 
@@ -82,3 +86,40 @@ class Blobs:
             return pq.read_table(path)
         raw = path.read_bytes()
         return pickle.loads(raw) if kind == "pickle" else json.loads(raw)
+
+
+class MemoryBlobs:
+    """Result bytes kept in this process's memory (the memory store's), by content hash.
+
+    JSON results up to ``inline_limit`` bytes stay inline in the records.
+    """
+
+    def __init__(self, *, inline_limit: int = 65536) -> None:
+        self.inline_limit = inline_limit
+        self._data: dict[str, bytes] = {}
+
+    def put(self, enc: Encoded) -> str | None:
+        """Keep ``enc`` unless it stays inline; return its ``memory://`` URI."""
+        if enc.kind == "json" and enc.size <= self.inline_limit:
+            return None
+        uri = f"memory://{enc.hash}.{enc.kind}"
+        self._data[uri] = enc.data
+        return uri
+
+    def read(self, kind: str, data: str | None, uri: str | None) -> Any:
+        """The value of a result: inline ``data``, or the bytes kept under ``uri``."""
+        if uri is None:
+            return decode(kind, (data or "null").encode())
+        if uri not in self._data:
+            raise MissingResultError(f"result {uri} is not in this process",
+                                     hint="the memory store keeps nothing across processes")
+        return decode(kind, self._data[uri])
+
+    def exists(self, uri: str) -> bool:
+        """True if ``uri`` is kept here."""
+        return uri in self._data
+
+    def path(self, uri: str) -> Path:
+        """Memory results have no file."""
+        raise MissingResultError(f"result {uri} is kept in memory, not in a file",
+                                 hint="use a DuckDB or PostgreSQL store for result files")
