@@ -6,7 +6,8 @@ that the ``pipeline`` CLI and a console can search an index without the
 recipe's folder:
 
 * :mod:`ledgerflow_docindex.store`: the tables, the file lock, writes, prune,
-  the chunk-level embedding cache, ``explain``;
+  the chunk-level embedding cache, ``explain`` (a façade over the package
+  :mod:`ledgerflow_docindex.index`, one module per concept);
 * :mod:`ledgerflow_docindex.search`: :func:`~ledgerflow_docindex.search.search`
   and :func:`~ledgerflow_docindex.search.search_many` returning hit records;
 * :mod:`ledgerflow_docindex.terms`: the keyword tokenizer;

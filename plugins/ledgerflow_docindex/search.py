@@ -33,7 +33,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import store
+from .index.errors import DocIndexError, IndexMismatchError
+from .index.handle import connect
+from .index.schema import read_meta
 from .terms import index_terms, term_spans
 
 __all__ = ["MODES", "Hit", "Same", "SearchError", "format_hit", "hit_json", "search",
@@ -88,7 +90,7 @@ class Hit:
     same: tuple[Same, ...] = field(default=())
 
 
-class SearchError(store.DocIndexError, ValueError):
+class SearchError(DocIndexError, ValueError):
     """The query or its options are invalid."""
 
     default_hint = "pass a non-empty query, k >= 1 and a mode: hybrid, vector or keyword"
@@ -143,15 +145,15 @@ def search_many(index: str | os.PathLike[str], queries: Sequence[str], k: int = 
     if not queries:
         return []
     pool = candidates or max(50, 5 * k)
-    with store.connect(index, create=False) as con:
-        meta = store.read_meta(con)
+    with connect(index, create=False) as con:
+        meta = read_meta(con)
     if not meta:
-        raise store.IndexMismatchError(f"{str(index)!r} is not a doc_index index (no meta table)")
+        raise IndexMismatchError(f"{str(index)!r} is not a doc_index index (no meta table)")
     vectors: list[list[float] | None] = [None] * len(queries)
     if mode != "keyword":
         vectors = _query_vectors(meta, queries, embedder, str(index))
     out = []
-    with store.connect(index, create=False) as con:
+    with connect(index, create=False) as con:
         for query, vector in zip(queries, vectors, strict=True):
             bm25 = _bm25(con, query, pool) if mode != "vector" else []
             cosine = _cosine(con, vector, int(meta["dim"]), pool) if vector is not None else []
@@ -166,12 +168,12 @@ def _query_vectors(meta: dict[str, str], queries: Sequence[str], embedder: str |
 
     built_with = meta["embedder"]
     if embedder is not None and embedder != built_with:
-        raise store.IndexMismatchError(
+        raise IndexMismatchError(
             f"index {index!r} was built with embedder {built_with!r}, not {embedder!r}",
             hint=f"search it with embedder={built_with!r} (or omit embedder)")
     emb = get_embedder(built_with)
     if emb.version != meta["embedder_version"]:
-        raise store.IndexMismatchError(
+        raise IndexMismatchError(
             f"index {index!r} was built with {built_with} version {meta['embedder_version']}, "
             f"but version {emb.version} is installed",
             hint="rebuild the index (new index path) or install the version it was built with")

@@ -60,6 +60,10 @@ log = logging.getLogger("ledgerflow.doc_index")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: The code of the index (the façade and every module of ``ledgerflow_docindex.index``):
+#: a task that reads or writes the index is versioned by all of it.
+STORE = (store, *store.MODULES)
+
 #: The bundled corpus (the default ``source``).
 CORPUS = str(Path(__file__).resolve().parent / "corpus")
 
@@ -84,7 +88,7 @@ def recipe_task(*, uses: tuple[ModuleType, ...] = (), **options: Any) -> Callabl
     return wrap
 
 
-@recipe_task(uses=(store,), cache=False, retries=2, retry_delay=1.0)
+@recipe_task(uses=STORE, cache=False, retries=2, retry_delay=1.0)
 def open_index(index: str, embedder: str, embedder_version: str, dim: int) -> dict[str, Any]:
     """Create the index if needed and check that it holds this embedder's vectors.
 
@@ -179,7 +183,7 @@ def chunk(doc: dict[str, str], size: int = 800, overlap: int = 100) -> dict[str,
             "chunks": [c.as_dict() for c in chunks]}
 
 
-@recipe_task(uses=(text, store), retries=2, retry_delay=1.0)
+@recipe_task(uses=(text, *STORE), retries=2, retry_delay=1.0)
 def embed(doc: dict[str, Any], embedder: str = "hashing", embedder_version: str | None = None,
           batch_size: int = 64, index: str | None = None, titles: bool = True) -> pa.Table:
     """Embed a document's chunks in batches; return them as an Arrow table.
@@ -297,7 +301,7 @@ def index_holds_write(result: dict[str, Any], vectors: pa.Table, index: str = "i
     return snapshot.get(doc_id) == store.table_digest(vectors)
 
 
-@recipe_task(uses=(store, index_terms), retries=4, retry_delay=0.5, backoff=2.0, jitter=0.2,
+@recipe_task(uses=(*STORE, index_terms), retries=4, retry_delay=0.5, backoff=2.0, jitter=0.2,
              verify=index_holds_write)
 def update_index(vectors: pa.Table, index: str = "index.duckdb",
                  opened: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -327,7 +331,7 @@ def update_index(vectors: pa.Table, index: str = "index.duckdb",
     return {**result.as_dict(), "index": str(index)}
 
 
-@recipe_task(uses=(store,), cache=False, retries=2, retry_delay=1.0)
+@recipe_task(uses=STORE, cache=False, retries=2, retry_delay=1.0)
 def prune(index: str, docs: list[dict[str, str]], confirm: bool = False) -> dict[str, Any]:
     """Remove the chunks of documents that were deleted (or changed and wrote fewer chunks).
 
