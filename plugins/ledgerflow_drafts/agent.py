@@ -196,9 +196,10 @@ def draft_spec(request: str, tasks: list[str], base: str, model: str = "mock",
     """Ask ``model`` for a spec that does ``request``; repair it from the validator's problems.
 
     Returns ``{"spec", "valid", "problems", "unused", "notes", "rounds", "model",
-    "stopped"}``: the last spec the model gave and its problems; ``rounds`` lists
-    the problems found after each answer; ``stopped`` says why repairs ended early
-    (a model error after a first draft).
+    "stopped", "tasks"}``: the last spec the model gave and its problems; ``rounds``
+    lists the problems found after each answer; ``stopped`` says why repairs ended
+    early (a model error after a first draft); ``tasks``: the catalogue's sources (the
+    draft's header names them, so the draft is checked over them alone).
     """
     from ledgerflow_agents import ModelRequest, ModelResponse, ProviderError, get_model
 
@@ -271,7 +272,8 @@ def draft_spec(request: str, tasks: list[str], base: str, model: str = "mock",
             else (rounds[-1]["problems"] if rounds else []),
             "unused": best["unused"],
             "notes": [p.as_dict() for p in final.notes] if final is not None else [],
-            "rounds": rounds, "model": getattr(llm, "name", model), "stopped": stopped}
+            "rounds": rounds, "model": getattr(llm, "name", model), "stopped": stopped,
+            "tasks": list(tasks)}
 
 
 @task(cache=False)
@@ -285,7 +287,8 @@ def save_draft(drafted: dict[str, Any], output: str, request: str) -> dict[str, 
     digest = draft_file.spec_digest(doc)
     header = draft_file.DraftHeader(digest=digest, run=ctx.run_id,
                                     model=str(drafted.get("model", "")), request=request,
-                                    problems=len(drafted.get("problems") or []))
+                                    problems=len(drafted.get("problems") or []),
+                                    tasks=tuple(drafted.get("tasks") or ()))
     draft_file.write(output, doc, header)
     ctx.record_output(Path(output).resolve().as_uri(), content_hash=digest,
                       machine_written="true", valid=str(bool(drafted.get("valid"))).lower())

@@ -52,7 +52,7 @@ def spec_schema(sources: tuple[str, ...], output: str | None) -> None:
 def _report(path: str, policy_path: str | None) -> tuple[Any, Any, Any]:
     """(report, document, draft header) of the spec file at ``path``."""
     from ..specs import drafts
-    from ..specs.check import Report, check
+    from ..specs.check import Report, check, check_draft
     from ..specs.document import read_document
     from ..specs.policy import load_policy
     from ..specs.problems import Problem
@@ -72,8 +72,11 @@ def _report(path: str, policy_path: str | None) -> tuple[Any, Any, Any]:
     folder = str(p.resolve().parent)
     if folder not in sys.path:
         sys.path.insert(0, folder)
-    return check(doc, folder=folder, policy=policy, cwd=os.getcwd()), doc, \
-        drafts.parse_header(text, doc)
+    header = drafts.parse_header(text, doc)
+    if header is not None:      # read as data: nothing the draft names is imported
+        return check_draft(doc, header, folder=folder, policy=policy, cwd=os.getcwd()), doc, \
+            header
+    return check(doc, folder=folder, policy=policy, cwd=os.getcwd()), doc, None
 
 
 @main.command()

@@ -121,6 +121,27 @@ class Report:
                 "notes": [p.as_dict() for p in self.notes]}
 
 
+def check_draft(doc: object, header: drafts.DraftHeader, *, folder: str,
+                policy: Policy | None = None, cwd: str | None = None) -> Report:
+    """Check a machine-written draft as data: its steps may name only the tasks of the
+    catalogue it was drafted over (``header.tasks``), so nothing else is imported.
+
+    The catalogue's sources are what a person gave ``pipeline draft``; a step naming
+    anything else is ``task.unknown``, approved or not.
+    """
+    from .catalogue import find_tasks
+    cat = find_tasks(header.tasks, base=folder)
+    rep = check(doc, folder=folder, policy=policy, cwd=cwd, only=cat.tasks)
+    if not header.tasks:
+        rep.problems.insert(0, Problem(
+            path="", code="draft.no_catalogue",
+            message="the draft's header does not say which tasks it was drafted over "
+            "(no draft-tasks line), so none of its steps can be checked without importing "
+            "what the draft names", hint="draft it again (pipeline draft ... --tasks ...), "
+            "or delete the header to make it a hand-written spec"))
+    return rep
+
+
 def _near(word: str, options: list[str]) -> str:
     found = difflib.get_close_matches(word, options, n=1)
     return f"did you mean {found[0]!r}? " if found else ""

@@ -11,6 +11,7 @@
     # draft-run: 20261201-101010-abcdef
     # draft-model: mock
     # draft-request: index the markdown files in docs/ into docs.duckdb
+    # draft-tasks: ["/home/ana/proj/steps.py"]
 
 The **digest** is the canonical digest of the spec's content (sorted-key
 compact JSON of the parsed document without the header), so formatting and
@@ -26,6 +27,13 @@ per digest, so each edit's approval is its own record, and found again in
 one read of that run's decisions. Its task key is :data:`DRAFT_REQUEST`.
 Deleting the header makes the file an ordinary, hand-written spec: the gate
 is against running a machine's draft unread, not against its author.
+
+**Read as data until approved.** A draft's steps may name only the tasks of
+the catalogue it was drafted over (``draft-tasks``: the ``--tasks`` a person
+gave ``pipeline draft``), before and after its approval; nothing else a draft
+names is ever imported, so ``validate``, ``approve-draft`` and ``run`` of an
+unapproved draft run no code the model chose
+(:func:`ledgerflow.specs.check.check_draft`).
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ JSON_KEY: Final = "$draft"
 MARK: Final = "# ledgerflow draft:"
 #: The task key a draft's approval is recorded under, in the drafting run.
 DRAFT_REQUEST: Final = "draft"
-_FIELDS: Final = ("digest", "run", "model", "request", "problems")
+_FIELDS: Final = ("digest", "run", "model", "request", "problems", "tasks")
 
 
 class DraftNotApprovedError(InputError):
@@ -66,6 +74,8 @@ class DraftHeader:
     model: str = ""
     request: str = ""
     problems: int = 0
+    #: The task sources the draft was drafted over (its catalogue).
+    tasks: tuple[str, ...] = ()
 
 
 def spec_digest(doc: Mapping[str, Any]) -> str:
@@ -87,7 +97,7 @@ def parse_header(text: str, doc: object) -> DraftHeader | None:
         h = doc[JSON_KEY]
         return DraftHeader(digest=str(h.get("digest", "")), run=str(h.get("run", "")),
                            model=str(h.get("model", "")), request=str(h.get("request", "")),
-                           problems=_int(h.get("problems")))
+                           problems=_int(h.get("problems")), tasks=_sources(h.get("tasks")))
     lines = text.lstrip("\ufeff").splitlines()
     if not lines or not lines[0].startswith(MARK):
         return None
@@ -102,7 +112,20 @@ def parse_header(text: str, doc: object) -> DraftHeader | None:
                 found[name] = value.strip()
     return DraftHeader(digest=found.get("digest", "").split(" ")[0], run=found.get("run", ""),
                        model=found.get("model", ""), request=found.get("request", ""),
-                       problems=_int(found.get("problems")))
+                       problems=_int(found.get("problems")),
+                       tasks=_sources(found.get("tasks")))
+
+
+def _sources(value: object) -> tuple[str, ...]:
+    """The ``draft-tasks`` of a header (a JSON list of strings; else none)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return ()
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    return ()
 
 
 def _int(value: object) -> int:
@@ -188,6 +211,7 @@ def header_lines(header: DraftHeader, path: str) -> list[str]:
             f"# draft-run: {header.run}",
             f"# draft-model: {header.model}",
             f"# draft-request: {request}",
+            f"# draft-tasks: {json.dumps(list(header.tasks), ensure_ascii=False)}",
             state]
 
 
@@ -196,6 +220,7 @@ def render(doc: Mapping[str, Any], header: DraftHeader, path: str) -> str:
     if str(path).endswith(".json"):
         h = {"machine_written": True, "digest": header.digest, "run": header.run,
              "model": header.model, "request": header.request, "problems": header.problems,
+             "tasks": list(header.tasks),
              "approve": f"pipeline approve-draft {os.path.basename(path)} --digest "
                         f"{header.digest[:12]}"}
         return json.dumps({JSON_KEY: h, **doc}, indent=2, ensure_ascii=False) + "\n"

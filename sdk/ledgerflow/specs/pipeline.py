@@ -17,7 +17,7 @@ from ..graph import Graph, Node
 from ..pipeline import Pipeline
 from ..task import MapRef, TaskRef
 from . import drafts
-from .check import Report, check
+from .check import Report, check, check_draft
 from .policy import Policy
 
 
@@ -51,8 +51,12 @@ class SpecPipeline(Pipeline[..., Any]):
             drafts.require_approval(self.path, self.draft, self.digest, store)
 
     def check(self, policy: Policy | None = None) -> Report:
-        """Every problem of this spec (see :func:`check`)."""
-        return check(self.doc, folder=str(Path(self.path).parent), policy=policy)
+        """Every problem of this spec (see :func:`~ledgerflow.specs.check.check`); a
+        draft's as data, over its catalogue (:func:`~ledgerflow.specs.check.check_draft`)."""
+        folder = str(Path(self.path).parent)
+        if self.draft is not None:
+            return check_draft(self.doc, self.draft, folder=folder, policy=policy)
+        return check(self.doc, folder=folder, policy=policy)
 
     def build(self, *args: Any, **params: Any) -> Graph:
         report = self.check()
