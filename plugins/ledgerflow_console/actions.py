@@ -2,14 +2,22 @@
 
 Only reached with ``--allow-actions`` and the per-process token (the checks
 live in :mod:`.app`). A resume is a new ``pipeline resume`` process, started
-without a shell in a session of its own so it outlives the console; its
-output goes to ``<ledger>.d/console/resume-<run>-<time>.log``.
+without a shell in a session of its own so it outlives the console. The store
+goes to it in ``LEDGERFLOW_STORE`` (its environment, readable only by its
+user), never on its command line, which every local user can read: a
+PostgreSQL URL may hold a password. Its output goes to a new file (created
+``O_EXCL | O_NOFOLLOW``, mode 0600) in ``<ledger>.d/console/`` for a DuckDB
+ledger, or, for a database URL (no folder), in a private folder this console
+process makes with :func:`tempfile.mkdtemp` (mode 0700, an unpredictable
+name): never a fixed path under the shared temporary directory, which another
+local user could create first.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -66,20 +74,49 @@ def resume(ledger: Ledger, run_id: str) -> dict[str, Any]:
         raise InputError(f"runs in a {kind!r} store cannot be resumed from another process",
                          hint="resume it from the process that holds the store")
     location = ledger.location(run)
-    # a DuckDB ledger keeps the log beside it; a database URL has no folder: a temp one
-    folder = (Path(location + ".d") if kind == "duckdb"
-              else Path(tempfile.gettempdir()) / "ledgerflow-console") / "console"
-    folder.mkdir(parents=True, exist_ok=True)
-    log = folder / f"resume-{run_id}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-    argv = [sys.executable, "-m", "ledgerflow", "resume", run_id, "--store", location]
-    with open(log, "ab") as out:
+    log, out = _new_log(_log_folder(location, kind), run_id)
+    argv = [sys.executable, "-m", "ledgerflow", "resume", run_id]
+    env = {**os.environ, "LEDGERFLOW_STORE": location}      # not argv: it may hold a password
+    try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True,
-                                close_fds=True)
+                                close_fds=True, env=env)
+    finally:
+        os.close(out)
     with _children_lock:
         _children.append(proc)
     return {"message": f"resume of {run_id} started (pid {proc.pid}); output in {log}",
             "run_id": run_id, "pid": proc.pid, "log": str(log), "argv": argv}
+
+
+_private: Path | None = None
+_private_lock = threading.Lock()
+
+
+def _log_folder(location: str, kind: str) -> Path:
+    """Where resume logs go: beside a DuckDB ledger, else this process's private folder."""
+    global _private
+    if kind == "duckdb":
+        folder = Path(location + ".d") / "console"
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return folder
+    with _private_lock:
+        if _private is None or not _private.is_dir():
+            # mode 0700 and a random name: no other local user can make or enter it
+            _private = Path(tempfile.mkdtemp(prefix="ledgerflow-console-"))
+        return _private
+
+
+def _new_log(folder: Path, run_id: str) -> tuple[Path, int]:
+    """A new log file in ``folder``, opened for writing: never an existing file or a link."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    while True:
+        name = (f"resume-{run_id}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-"
+                f"{secrets.token_hex(3)}.log")
+        try:
+            return folder / name, os.open(folder / name, flags, 0o600)
+        except FileExistsError:
+            continue
 
 
 def _call(fn: Callable[..., Any], *args: object, **kwargs: object) -> Any:

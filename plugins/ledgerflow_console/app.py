@@ -6,7 +6,8 @@ that drivers wrote for this ledger (:mod:`ledgerflow_observability.prometheus`).
 the bound address with the right Host header; actions (``POST``) also need
 ``--allow-actions`` and the per-process token in ``X-Ledgerflow-Token``
 (or ``?token=``). Any other Host header (a DNS-rebinding page) or a
-cross-site ``Origin`` gets 403.
+cross-site ``Origin`` gets 403. A password in the store URL is taken out of
+every answer (:class:`RedactBodies`, :mod:`.redact`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from ledgerflow.errors import (
 
 from . import actions, pages, views
 from .ledger import Ledger
+from .redact import Redactor, mask
 
 log = logging.getLogger("ledgerflow.console")
 
@@ -121,7 +123,7 @@ def create_app(cfg: ConsoleConfig) -> ASGIApp:
     def ctx(request: Request) -> pages.Ctx:
         tok = request.query_params.get("token")
         good = bool(cfg.token) and tok is not None and hmac.compare_digest(tok, cfg.token)
-        return pages.Ctx(store=cfg.store_label, actions=cfg.allow_actions,
+        return pages.Ctx(store=mask(cfg.store_label), actions=cfg.allow_actions,
                          token=tok if good else None, has_logs=ledger.has("logs"),
                          has_approvals=ledger.has("approvals"), has_usage=ledger.has("usage"))
 
@@ -417,7 +419,50 @@ def create_app(cfg: ConsoleConfig) -> ASGIApp:
     ]
     app = Starlette(routes=routes,
                     exception_handlers={PipelineError: on_error, Exception: on_bug})
-    return HostGuard(app, cfg.allowed_hosts)
+    return HostGuard(RedactBodies(app, Redactor(cfg.store)), cfg.allowed_hosts)
+
+
+class RedactBodies:
+    """Take the store's password out of every answer (pages, JSON, errors, replies).
+
+    Only when the store location holds one (a ``postgresql://user:pw@`` URL):
+    a task's error text, a driver's message or an action's reply may quote it,
+    and reads need no token. Bodies sent in one piece (all of the console's)
+    are rewritten and their ``content-length`` fixed.
+    """
+
+    def __init__(self, app: ASGIApp, redact: Redactor) -> None:
+        self.app = app
+        self.redact = redact
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.redact.secrets:
+            await self.app(scope, receive, send)
+            return
+        start: dict[str, Any] | None = None
+
+        async def rewrite(message: dict[str, Any]) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start":
+                start = message
+                return
+            if message["type"] == "http.response.body" and start is not None:
+                head, start = start, None
+                if message.get("more_body"):        # streamed: sent as it comes
+                    await send(head)
+                    await send(message)
+                    return
+                body = self.redact(message.get("body", b"").decode("utf-8", "replace")
+                                   ).encode()
+                head = {**head, "headers": [(k, v) for k, v in head.get("headers", [])
+                                            if k.lower() != b"content-length"]
+                        + [(b"content-length", str(len(body)).encode())]}
+                await send(head)
+                await send({**message, "body": body})
+                return
+            await send(message)
+
+        await self.app(scope, receive, rewrite)  # type: ignore[arg-type]
 
 
 def _json_default(doc: object) -> Response:

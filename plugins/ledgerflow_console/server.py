@@ -16,6 +16,7 @@ import webbrowser
 from ledgerflow.errors import InputError, PluginError
 
 from .ledger import Ledger
+from .redact import mask
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -47,7 +48,7 @@ def serve(*, store: str | None, host: str, port: int, allow_actions: bool,
     ledger.runs(limit=1)       # a damaged or unreadable ledger: Error/Hint now, not per page
     sock = _bind(host, port)
     bound = sock.getsockname()[1]
-    label = store or _default_label()
+    label = mask(store or _default_label())        # never a password on screen
     token = secrets.token_urlsafe(18) if allow_actions else ""
     cfg = ConsoleConfig(store=store, store_label=label, host=host, port=bound,
                         allow_actions=allow_actions, token=token,

@@ -160,11 +160,19 @@ class Console:
             self.proc.stdout.close()
 
 
-def start_console(ledger: str, log: Path, *args: str) -> Console:
-    """Start ``pipeline console --port 0`` and wait for the URL it prints."""
+def start_console(ledger: str, log: Path, *args: str, store_in_env: bool = False) -> Console:
+    """Start ``pipeline console --port 0`` and wait for the URL it prints.
+
+    ``store_in_env``: pass the ledger in ``LEDGERFLOW_STORE``, not ``--store``
+    (as a URL with a password should be: argv is readable by every user).
+    """
     err = open(log, "w")
-    proc = subprocess.Popen([*PIPELINE, "console", "--store", ledger, "--port", "0", *args],
-                            stdout=subprocess.PIPE, stderr=err, text=True, env=cli_env())
+    env = cli_env()
+    store = ["--store", ledger]
+    if store_in_env:
+        env["LEDGERFLOW_STORE"], store = ledger, []
+    proc = subprocess.Popen([*PIPELINE, "console", *store, "--port", "0", *args],
+                            stdout=subprocess.PIPE, stderr=err, text=True, env=env)
     err.close()
     assert proc.stdout is not None
     sel = selectors.DefaultSelector()
