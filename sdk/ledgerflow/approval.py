@@ -20,12 +20,14 @@ from typing import Any, Final
 
 from .errors import DefinitionError
 from .keys import canonical, digest
+from .states import ApprovalState
 
 #: ``on_timeout`` values: a request past its deadline ends ``failed`` with reason
 #: ``expired`` (``fail``) or ``rejected`` (``reject``). There is no approve-on-timeout.
 ON_TIMEOUT: Final = ("fail", "reject")
-#: Decisions, as stored.
-APPROVED, REJECTED, EXPIRED = "approved", "rejected", "expired"
+#: Decisions, as stored (the values of :class:`~ledgerflow.states.ApprovalState`).
+APPROVED, REJECTED, EXPIRED = (ApprovalState.APPROVED.value, ApprovalState.REJECTED.value,
+                               ApprovalState.EXPIRED.value)
 #: The pipeline that drafts specs (its drafts are approved by file: pipeline approve-draft).
 DRAFTING: Final = "drafting"
 

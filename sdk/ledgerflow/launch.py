@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
-from . import deciding
+from . import gates
 from ._gc import quiet_gc
 from .config import Settings, store_kind_for
 from .errors import (
@@ -220,22 +220,21 @@ class Run:
     def approvals(self, pending_only: bool = False) -> list[dict[str, Any]]:
         """The run's approval requests with their decisions (``state``: pending,
         approved, rejected, expired); deadlines that passed are applied first."""
-        deciding.apply_deadlines(self.store, self.run_id)
+        gates.apply_deadlines(self.store, self.run_id)
         rows = self.store.approvals(self.run_id)
-        return [r for r in rows if r["state"] == "pending" and r["current"]] \
-            if pending_only else rows
+        return gates.waiting_requests(rows) if pending_only else rows
 
     def approve(self, task_key: str, *, digest: str, reason: str = "",
                 by: str | None = None) -> dict[str, Any]:
         """Approve the request waiting for ``task_key`` (``digest``: its digest or a
         prefix of it, as shown by :meth:`approvals`). Then resume the run."""
-        return deciding.approve(self.store, self.run_id, task_key, digest=digest,
+        return gates.approve(self.store, self.run_id, task_key, digest=digest,
                                 reason=reason, by=by)
 
     def reject(self, task_key: str, *, reason: str, digest: str | None = None,
                by: str | None = None) -> dict[str, Any]:
         """Reject the request waiting for ``task_key``: it fails with reason ``rejected``."""
-        return deciding.reject(self.store, self.run_id, task_key, reason=reason,
+        return gates.reject(self.store, self.run_id, task_key, reason=reason,
                                digest=digest, by=by)
 
     def logs(self, task_key: str | None = None, attempt: int | None = None
@@ -344,8 +343,8 @@ def read_run(st: RunStore, run_id: str, *, upstream: bool = True) -> RunView:
     with quiet_gc():        # a row object a task: the collector would rescan them all
         view = st.get_run(run_id, upstream=upstream)
     if any(t.state == TaskState.WAITING_APPROVAL for t in view.tasks.values()):
-        deciding.apply_deadlines(st, run_id)
-        deciding.overlay(view, st.approvals(run_id))
+        gates.apply_deadlines(st, run_id)
+        gates.overlay(view, st.approvals(run_id))
     return view
 
 

@@ -24,7 +24,6 @@ propagation carrier to each attempt it saw start (``ledgerflow_job_carrier``).
 from __future__ import annotations
 
 import heapq
-import inspect
 import json
 import logging
 import os
@@ -38,11 +37,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._gc import quiet_gc
-from .approval import APPROVED, EXPIRED, REJECTED, Approval, Decision, summarize, task_digest
+from .approval import task_digest
 from .attempt_log import call_records, logged_calls, logged_steps
 from .config import Settings
 from .errors import (
-    ApprovalConflictError,
     InvalidTransitionError,
     LeaseLostError,
     PipelineError,
@@ -56,14 +54,13 @@ from .executor import (
     queue_ahead,
     runs_in_driver,
 )
+from .gates import Gates, Pass, Refuse, Verdict, Wait
 from .graph import Graph
 from .keys import fingerprint_base, finish_fingerprint
 from .observers import Change, Observers
 from .plan import UNSET, Instance, Plan
 from .records import (
     FORMAT_VERSION,
-    ApprovalDecided,
-    ApprovalRequested,
     ArtifactRecorded,
     AttemptEnded,
     DriverHeader,
@@ -91,8 +88,7 @@ from .states import (
     run_transition,
     transition,
 )
-from .store import CacheHit, Lease, RunStore, reading
-from .task import MapRef, TaskRef
+from .store import CacheHit, Lease, RunStore, lease_probe, reading, worker_folders
 from .views import RunView, TaskRow
 
 log = logging.getLogger("ledgerflow")
@@ -169,19 +165,11 @@ class Runner:
         self.inline_when_alone = inline_when_alone(executor)
         self.echo = settings.logs
         self.wait_approvals = settings.wait_approvals
-        #: approval gates: decisions by digest, requests recorded (deadline, on_timeout),
-        #: open gates by task key, decisions already journaled, each task's last request
-        self.decided: dict[str, dict[str, Any]] = {}
-        self.requested: dict[str, tuple[float | None, str]] = {}
-        self.gates: dict[str, tuple[Instance, str, float | None, str]] = {}
-        self.journaled: set[str] = set()
-        self.latest_request: dict[str, str] = {}
+        self.gates = Gates()        # approval gates: what they decide, the runner applies
         self.steps: dict[str, dict[str, tuple[str, str]]] = {}
-        folders = getattr(store, "worker_folders", None)
-        self.folders: tuple[str, str] | None = folders(run_id) if folders else None
+        self.folders: tuple[str, str] | None = worker_folders(store, run_id)
         #: the store's optional lease-loss probe (see :meth:`_check_lease`)
-        self.lease_probe: Callable[[Lease], str | None] | None = getattr(
-            store, "lease_lost", None)
+        self.lease_probe: Callable[[Lease], str | None] | None = lease_probe(store)
 
     @property
     def hook_records(self) -> Any:
@@ -361,9 +349,7 @@ class Runner:
                     restored.append(inst)
                     continue
                 if inst.state == _WAITING_APPROVAL:      # its gate stays open
-                    dg = self.latest_request.get(inst.key, "")
-                    deadline, on_timeout = self.requested.get(dg, (None, "fail"))
-                    self.gates[inst.key] = (inst, dg, deadline, on_timeout)
+                    self.gates.reopen(inst)
                     continue
             failed_up = self.plan.link(inst)
             if inst.state == _READY:
@@ -406,7 +392,7 @@ class Runner:
             self._check_lease()
             if not self.cancelling and self._cancel_seen():
                 self._start_cancel("cancel requested")
-            elif self.gates and not self.cancelling:
+            elif self.gates.open and not self.cancelling:
                 self._poll_gates()
 
     def _loop(self) -> str:
@@ -427,10 +413,10 @@ class Runner:
                 continue
             if self.active <= 0 and self.inflight == 0 and not self.ready:
                 break
-            if self.gates and not self.wait_approvals and not self.cancelling \
+            if self.gates.open and not self.wait_approvals and not self.cancelling \
                     and self.inflight == 0 and not self.ready and not self._retries_due():
                 self._poll_gates()          # a decision may be there already
-                if not self.ready and self.gates:
+                if not self.ready and self.gates.open:
                     return self._finish_waiting()
                 continue
             if self.cancelling and self.inflight == 0:
@@ -529,7 +515,7 @@ class Runner:
                 self._unlock(inst)
                 return
         if opts.approve is not None and not self._gate_passed(inst, literals, ups):
-            return
+            return      # it waits, or failed
         inst.attempt += 1
         inst.used += 1
         self.next_job += 1
@@ -537,7 +523,7 @@ class Runner:
                   attempt=inst.attempt, fn=node.task, args=args, kwargs=kwargs,
                   timeout=opts.timeout, task_name=node.task.name,  # idempotency key: lazily
                   echo=self.echo, code_version=node.task.version,
-                  approvals=self._decisions_for(inst.key) if self.decided else {},
+                  approvals=self.gates.decisions_for(inst.key),
                   steps=self._steps_for(inst),
                   ledger_folder=self.folders[0] if self.folders else None,
                   run_folder=self.folders[1] if self.folders else None)
@@ -584,88 +570,26 @@ class Runner:
         gate = inst.node.task.options.approve
         assert gate is not None
         dg = task_digest(self.run_id, inst.key, inst.node.task.version, literals, ups)
-        dec = self.decided.get(dg)
-        if dec is None:
-            inputs = {u.key: u.hash or "" for u in inst.up} if inst.up else {}
-            self._request(inst, dg, gate.action or "run", self._summary(inst), inputs, gate)
+        return self._apply_gate(inst, self.gates.check(inst, dg, gate))
+
+    def _apply_gate(self, inst: Instance, verdict: Verdict) -> bool:
+        """Apply what a gate decided (see :mod:`ledgerflow.gates`); True if it passed."""
+        if verdict.record is not None:
+            self.buf.append(verdict.record)
+        if isinstance(verdict, Wait):
+            self._move(inst, _WAITING_APPROVAL, verdict.reason)
             return False
-        if dec["decision"] != APPROVED:
-            self._refused(inst, dec)
+        if isinstance(verdict, Refuse):
+            self._give_up(inst, verdict.reason)
             return False
-        self._journal_decision(dec)
         return True
-
-    def _summary(self, inst: Instance) -> str:
-        node = inst.node
-        names = list(inspect.signature(node.task.fn).parameters)
-        shown = [f"<result of {a.key}>" if isinstance(a, (TaskRef, MapRef)) else a
-                 for a in node.args]
-        kwargs = {k: (f"<result of {v.key}>" if isinstance(v, (TaskRef, MapRef)) else v)
-                  for k, v in node.kwargs.items()}
-        if node.is_map:
-            shown = [inst.item if inst.has_item else f"<item of {node.source.key}>"]
-        return summarize(names, shown, kwargs)
-
-    def _request(self, inst: Instance, dg: str, action: str, summary: str,
-                 inputs: dict[str, str], gate: Approval) -> None:
-        """Open a gate: record the request (once per digest) and wait for a decision."""
-        now = time.time()
-        deadline = now + gate.timeout if gate.timeout is not None else None
-        known = self.requested.get(dg)
-        if known is None:
-            self.buf.append(ApprovalRequested(inst.key, inst.attempt, dg, action, summary,
-                                              inputs, now, deadline, gate.on_timeout,
-                                              list(gate.approvers), gate.note))
-            self.requested[dg] = (deadline, gate.on_timeout)
-        else:
-            deadline = known[0]
-        self._move(inst, _WAITING_APPROVAL, f"approval of {action!r} requested ({dg[:12]})")
-        self.gates[inst.key] = (inst, dg, deadline, gate.on_timeout)
 
     def _poll_gates(self) -> None:
         """Apply decisions (from any process) and deadlines to the open gates."""
-        for d in self.store.approval_decisions(self.run_id):
-            self.decided.setdefault(d["digest"], d)
-        now = time.time()
-        for key, (inst, dg, deadline, on_timeout) in list(self.gates.items()):
-            dec = self.decided.get(dg)
-            if dec is None and deadline is not None and now >= deadline:
-                verdict = EXPIRED if on_timeout == "fail" else REJECTED
-                try:
-                    dec = self.store.decide(self.run_id, key, dg, verdict,
-                                            "ledgerflow (deadline)",
-                                            "no decision before the deadline")
-                except ApprovalConflictError:     # decided meanwhile by someone
-                    continue
-                self.decided[dg] = dec
-            if dec is None:
-                continue
-            del self.gates[key]
-            if dec["decision"] == APPROVED:
-                self._journal_decision(dec)
-                self._move(inst, _READY, f"approved by {dec['decided_by']}")
+        for inst, verdict in self.gates.poll(self.store, self.run_id):
+            if self._apply_gate(inst, verdict) and isinstance(verdict, Pass):
+                self._move(inst, _READY, f"approved by {verdict.by}")
                 self.ready.append(inst)
-            else:
-                self._refused(inst, dec)
-
-    def _refused(self, inst: Instance, dec: dict[str, Any]) -> None:
-        self._journal_decision(dec)
-        self.gates.pop(inst.key, None)
-        why = dec["decision"] if dec["decision"] != EXPIRED else "expired"
-        self._give_up(inst, f"{why}: {dec.get('reason') or 'no reason given'} "
-                            f"(by {dec.get('decided_by')})")
-
-    def _journal_decision(self, dec: dict[str, Any]) -> None:
-        if dec["digest"] not in self.journaled:
-            self.journaled.add(dec["digest"])
-            self.buf.append(ApprovalDecided(dec["task_key"], dec["digest"], dec["decision"],
-                                            dec.get("decided_by") or "", dec.get("reason") or "",
-                                            float(dec.get("decided_at") or time.time())))
-
-    def _decisions_for(self, key: str) -> dict[str, Decision]:
-        return {dg: Decision(d["decision"], d.get("decided_by") or "", d.get("reason") or "",
-                             float(d.get("decided_at") or 0), dg)
-                for dg, d in self.decided.items() if d["task_key"] == key}
 
     def _steps_for(self, inst: Instance) -> dict[str, tuple[str, str]]:
         """Steps recorded for a task: at attempt ends, and (for attempts that never
@@ -679,23 +603,13 @@ class Runner:
 
     def _load_signals(self) -> None:
         """What a prior drive recorded: requests, decisions and step results."""
-        for r in self.store.approvals(self.run_id):
-            self.requested[r["digest"]] = (r["deadline"], r["on_timeout"])
-            if r["state"] != "pending":
-                self.decided[r["digest"]] = {
-                    "task_key": r["task_key"], "digest": r["digest"], "decision": r["state"],
-                    "decided_by": r["decided_by"], "reason": r["reason"],
-                    "decided_at": r["decided_at"]}
-            if r["current"]:
-                self.latest_request[r["task_key"]] = r["digest"]
-        for d in self.store.approval_decisions(self.run_id):
-            self.decided.setdefault(d["digest"], d)
+        self.gates.load(self.store, self.run_id)
         for st in self.store.steps(self.run_id):
             self.steps.setdefault(st["task_key"], {})[st["name"]] = (st["kind"], st["data"])
 
     def _finish_waiting(self) -> str:
         """Nothing can run until a person decides: stop driving, the run ``waiting``."""
-        self._move_run(RunState.WAITING, f"{len(self.gates)} approval(s) pending")
+        self._move_run(RunState.WAITING, f"{len(self.gates.open)} approval(s) pending")
         self._commit()
         return RunState.WAITING.value
 
@@ -829,11 +743,8 @@ class Runner:
             self._succeed(inst, c)
         elif c.outcome == "waiting" and c.approval is not None and inst.state == _RUNNING:
             inst.used -= 1                  # waiting at a gate uses no attempt of the budget
-            req = c.approval
-            gate = Approval(timeout=req["timeout"], on_timeout=req["on_timeout"],
-                            approvers=tuple(req["approvers"]), note=req["note"])
-            self._request(inst, req["digest"], req["action"], req["summary"], {}, gate)
-            if req["digest"] in self.decided:         # decided already: apply it now
+            self._apply_gate(inst, self.gates.ask_in_task(inst, c.approval))
+            if self.gates.is_decided(c.approval["digest"]):     # decided already: apply it now
                 self._poll_gates()
         elif inst.state == _CANCELLING:
             if c.outcome in ("cancelled", "lost"):

@@ -1,4 +1,4 @@
-"""The task and run state machines: the state names, one table each, one check.
+"""The task, run and approval state machines: the state names, one table each, one check.
 
 No I/O lives here, and the state names exist only here: every other module
 uses these enums and sets. :func:`transition` and :func:`run_transition`
@@ -68,6 +68,54 @@ class Outcome(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+class ApprovalState(str, Enum):
+    """Where an approval request is in its life. Values are persisted: never rename one.
+
+    A request is ``pending`` until one decision is recorded for its digest
+    (through the store, so of two deciders exactly one wins): ``approved``,
+    ``rejected``, or ``expired`` (its deadline passed with ``on_timeout="fail"``;
+    with ``"reject"`` it is ``rejected``). The gate's task follows it:
+    ``waiting_approval -> ready`` when approved, ``-> failed`` otherwise.
+    """
+
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_A = ApprovalState
+#: Legal decisions of a request: one, from ``pending``; a decided request stays decided.
+APPROVAL_TRANSITIONS: Final[Mapping[ApprovalState, frozenset[ApprovalState]]] = {
+    _A.PENDING: frozenset({_A.APPROVED, _A.REJECTED, _A.EXPIRED}),
+    _A.APPROVED: frozenset(),
+    _A.REJECTED: frozenset(),
+    _A.EXPIRED: frozenset(),
+}
+#: Decisions that refuse the gate (its task fails with the decision as its reason).
+REFUSED: Final[frozenset[str]] = frozenset({_A.REJECTED.value, _A.EXPIRED.value})
+#: The persisted value of a request that waits for a decision.
+PENDING_APPROVAL: Final = _A.PENDING.value
+
+
+def approval_transition(digest: str, current: str, target: str) -> ApprovalState:
+    """Return ``target`` if a request may be decided ``current -> target``, else raise.
+
+    Example:
+        >>> approval_transition("d", "pending", "approved")
+        <ApprovalState.APPROVED: 'approved'>
+    """
+    ok = current in _APPROVAL_VALUES and target in _APPROVAL_VALUES and \
+        ApprovalState(target) in APPROVAL_TRANSITIONS[ApprovalState(current)]
+    if not ok:
+        raise InvalidTransitionError(
+            f"approval request {digest[:12]!r} cannot go from {current!r} to {target!r}")
+    return ApprovalState(target)
 
 
 _T = TaskState
@@ -156,6 +204,7 @@ _RUN_RESUME_EDGES: Final[dict[str, frozenset[str]]] = {
     for s, targets in RUN_RESUME_TRANSITIONS.items()}
 _TASK_VALUES: Final[frozenset[str]] = frozenset(s.value for s in TaskState)
 _RUN_VALUES: Final[frozenset[str]] = frozenset(s.value for s in RunState)
+_APPROVAL_VALUES: Final[frozenset[str]] = frozenset(s.value for s in ApprovalState)
 
 
 def transition(task_key: str, current: str | None, target: str, *,

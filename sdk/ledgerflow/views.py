@@ -23,7 +23,7 @@ from .records import (
     StepRecorded,
     Transition,
 )
-from .states import FAILED_LIKE, RUN_ACTIVE, TaskState
+from .states import FAILED_LIKE, PENDING_APPROVAL, RUN_ACTIVE, TaskState
 
 
 @dataclass(slots=True)
@@ -194,7 +194,7 @@ def approval_rows(requests: Iterable[ApprovalRequested],
                "action": r.action, "summary": r.summary, "inputs": dict(r.inputs),
                "requested_at": r.requested_at, "deadline": r.deadline,
                "on_timeout": r.on_timeout, "approvers": list(r.approvers), "note": r.note,
-               "state": d["decision"] if d else "pending",
+               "state": d["decision"] if d else PENDING_APPROVAL,
                "decided_by": d.get("decided_by") if d else None,
                "reason": d.get("reason") if d else None,
                "decided_at": d.get("decided_at") if d else None, "current": True}
@@ -293,7 +293,7 @@ def lineage_rows(view: RunView, artifacts: Iterable[ArtifactRecorded],
                         "code_version": made.code_version if made else None,
                         "attrs": dict(r.attrs or {})})
     for a in approvals:
-        if a["state"] != "pending" and (task_key is None or a["task_key"] == task_key):
+        if a["state"] != PENDING_APPROVAL and (task_key is None or a["task_key"] == task_key):
             made = view.tasks.get(a["task_key"])
             out.append({"task_key": a["task_key"], "attempt": a["attempt"],
                         "direction": "approval", "uri": f"approval:{a['digest']}",

@@ -288,3 +288,30 @@ def test_a_gate_on_a_big_fan_out_asks_once_per_item(tmp_path: Path) -> None:
                           "--store", store], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and len(res.stdout.splitlines()) < 60     # listed compactly
     assert "and 9950 more" in res.stdout
+
+
+@task(approve=True)
+def guarded(x: int) -> int:
+    return x
+
+
+@pipeline
+def one_gate(x: int = 1):
+    return guarded(x)
+
+
+def test_readers_see_the_refusal_the_driver_then_records(tmp_path: Path) -> None:
+    """One refusal rule: before a driver applies a rejection, readers already see the task
+    ``failed`` with the reason the driver then records (the ledger still says waiting)."""
+    store = str(tmp_path / "l.duckdb")
+    run = one_gate.run(store=store, executor="inline")
+    assert run.state == "waiting"
+    run.reject("guarded", reason="not today", by="ana")
+    seen = run.status().tasks["guarded"]                 # a reader, before any driver
+    assert seen.state == "failed"
+    assert seen.error == "rejected: not today (by ana); applied when the run is resumed"
+    done = ledgerflow.resume(run.run_id, store=store, executor="inline")
+    assert done.state == "failed"
+    row = done.status().tasks["guarded"]
+    assert (row.state, row.error) == ("failed", "rejected: not today (by ana)")
+    assert [a["state"] for a in done.approvals()] == ["rejected"]

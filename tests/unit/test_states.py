@@ -104,3 +104,15 @@ def test_mermaid_lists_every_edge() -> None:
     for src, targets in TASK_TRANSITIONS.items():
         for dst in targets:
             assert f"{src.value} --> {dst.value}" in text
+
+
+def test_an_approval_request_is_decided_once() -> None:
+    from ledgerflow.states import APPROVAL_TRANSITIONS, ApprovalState, approval_transition
+
+    assert approval_transition("d" * 12, "pending", "expired") is ApprovalState.EXPIRED
+    for decided in ("approved", "rejected", "expired"):
+        assert not APPROVAL_TRANSITIONS[ApprovalState(decided)]
+        with pytest.raises(InvalidTransitionError, match="cannot go from"):
+            approval_transition("d" * 12, decided, "approved")
+    with pytest.raises(InvalidTransitionError):
+        approval_transition("d" * 12, "pending", "maybe")
