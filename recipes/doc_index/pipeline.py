@@ -66,6 +66,7 @@ STORE = (store, *store.MODULES)
 
 #: The bundled corpus (the default ``source``).
 CORPUS = str(Path(__file__).resolve().parent / "corpus")
+LEDGERFLOW_WATCH = ("source",)  #: what ``pipeline watch`` watches: the ``source`` path
 
 
 def _source_hash(module: ModuleType) -> str:
