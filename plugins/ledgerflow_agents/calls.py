@@ -22,7 +22,9 @@ and tool calls share it) and makes it a step of the task
   ``finish_reason`` ``rate_limited``, ``timeout``, ``malformed`` or
   ``error``), every tool call a ``tool_calls`` row; prompt and response text
   only with ``record_content=True``. Secrets never: a key is an alias (the
-  environment variable's name).
+  environment variable's name), and known key values are taken out of tool
+  errors and results, recorded content, notices and a provider's error
+  message before they are stored or sent (:mod:`ledgerflow_agents.redact`).
 * **Observability.** Real calls are reported through
   :mod:`ledgerflow_observability.genai` (``gen_ai.*`` spans when tracing is on).
 
@@ -60,6 +62,7 @@ from .errors import (
 from .guard import Guard, guarded
 from .limits import KeyLimiter, KeyLimits, limiter_for
 from .provider import ChatModel, ModelRequest, ModelResponse, Usage
+from .redact import redact
 from .tools import InvalidArguments, Tool, as_tool
 
 __all__ = ["Governance", "Session", "model_call", "resolve_model"]
@@ -131,6 +134,14 @@ def _checked(resp: ModelResponse) -> ModelResponse:
     usage = resp.usage
     Usage(getattr(usage, "input_tokens", None), getattr(usage, "output_tokens", None))
     return resp
+
+
+def _scrubbed(exc: ProviderError, gov: Governance) -> ProviderError:
+    """``exc`` with known key values out of its message and hint (it becomes the attempt's
+    error in the ledger)."""
+    exc.args = tuple(redact(a, [gov.key]) if isinstance(a, str) else a for a in exc.args)
+    exc.hint = redact(exc.hint, [gov.key]) if exc.hint else exc.hint
+    return exc
 
 
 def result_text(value: object, limit: int | None = None) -> str:
@@ -212,7 +223,7 @@ class Session:
             self.ctx.record_step(name, value)
 
     def _refuse(self, exc: GovernanceError) -> GovernanceError:
-        self.ctx.notice(exc.kind, str(exc))
+        self.ctx.notice(exc.kind, redact(str(exc)))
         return exc
 
     # -- model calls ------------------------------------------------------------------
@@ -247,7 +258,7 @@ class Session:
                 wait = error.retry_after if error.retry_after is not None else \
                     min(2.0 ** rate_tries, 30.0)
                 if rate_tries >= gov.rate_limit_tries or wait > gov.max_retry_after:
-                    raise error
+                    raise _scrubbed(error, gov)
                 self.ctx.notice("rate_limited", f"{model.provider}/{model.model} answered 429"
                                 f" (call {seq}); every caller of key {gov.key or '-'} "
                                 f"waits {wait:g}s (Retry-After) before trying again")
@@ -259,7 +270,7 @@ class Session:
                 continue
             if error.retryable and tries <= gov.retries:
                 continue
-            raise error
+            raise _scrubbed(error, gov)
 
     def _try_model(self, model: ChatModel, request: ModelRequest, gov: Governance, seq: int,
                    name: str, tries: int, rdigest: str, scopes: list[Scope],
@@ -380,7 +391,8 @@ class Session:
                                                                  resp.tool_calls]}
         if error is not None:
             out["error"] = f"{type(error).__name__}: {error}"
-        return json.dumps(out, ensure_ascii=False, sort_keys=True, default=str)
+        return redact(json.dumps(out, ensure_ascii=False, sort_keys=True, default=str),
+                      [gov.key])
 
     # -- tool calls -------------------------------------------------------------------
     def call_tool(self, tools: Mapping[str, Tool], call: Mapping[str, Any],
@@ -410,8 +422,9 @@ class Session:
         try:
             prepared = t.prepare(args, bound)
         except InvalidArguments as exc:
-            return self._tool_done(name, base, "invalid", f"error: invalid arguments: {exc}",
-                                   str(exc))
+            why = redact(str(exc), [gov.key])
+            return self._tool_done(name, base, "invalid", f"error: invalid arguments: {why}",
+                                   why)
         except PathNotAllowed as exc:
             self.ctx.record_tool_call(**base, outcome="refused", error=str(exc))
             raise self._refuse(exc) from None
@@ -445,7 +458,9 @@ class Session:
                 except GovernanceError:
                     pass                    # the guard refused: it is in guard.violations
                 except Exception as exc:    # the model reads the error and may try again
-                    outcome, error = "error", f"{type(exc).__name__}: {exc}"
+                    # never a key it quotes: the text is stored and sent to the model
+                    outcome, error = "error", redact(f"{type(exc).__name__}: {exc}",
+                                                     [gov.key])
         finally:
             over = ledger.settle(rid, scopes, Amount(tool_calls=1)) if scopes else []
         if guard.violations:
@@ -454,7 +469,8 @@ class Session:
                                       error=message)
             exc_type = PathNotAllowed if kind == "path_not_allowed" else ToolNotAllowed
             raise self._refuse(exc_type(message))
-        text = result_text(value, max_chars) if outcome == "ok" else f"error: {error}"
+        text = redact(result_text(value, max_chars), [gov.key]) if outcome == "ok" \
+            else f"error: {error}"
         done = self._tool_done(name, {**base, "approved_by": approved_by}, outcome, text, error)
         if over:
             raise self._over(over)
