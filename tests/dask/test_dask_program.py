@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from ledgerflow import pipeline
-from ledgerflow import program
+from ledgerflow import pipeline, program
 from ledgerflow_dask import DaskExecutor
 from tests.waiting import wait_until
 

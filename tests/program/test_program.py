@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 import ledgerflow
-from ledgerflow import DefinitionError, pipeline
-from ledgerflow import Limits, program
+from ledgerflow import DefinitionError, Limits, pipeline, program
 from ledgerflow.programs import ProgramError
 from tests.program.proctools import PY, alive, kill_all, roles
 from tests.waiting import wait_until

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ledgerflow import TaskTimedOut, pipeline
-from ledgerflow import Limits, program
+from ledgerflow import Limits, TaskTimedOut, pipeline, program
 from ledgerflow.programs import LimitExceeded
 from tests.program.proctools import PY, alive
 

@@ -21,7 +21,9 @@ The file system view (``view``):
 * ``"declared"``: only the operating system (``/usr``, ``/bin``, ``/lib*``,
   ``/sbin``, a few files of ``/etc`` a program needs to run: no
   ``/etc/shadow``), the Python installation of the driver, and the declared
-  paths. Nothing of ``/home``, ``/root``, ``/srv``, ``/var`` or ``/run``.
+  paths (``inputs``, ``read_only``, ``writable``, the folders of ``outputs``,
+  and ``cwd`` when given; an undeclared working directory is an empty
+  folder). Nothing else of ``/home``, ``/root``, ``/srv``, ``/var`` or ``/run``.
 
 ``network=False`` adds ``--unshare-net`` (a loopback of its own; abstract
 Unix sockets are per network namespace, so the host's are gone too) and hides
@@ -166,4 +168,6 @@ def bwrap_argv(exe: str, *, cwd: str, visible: Sequence[str], writable: Sequence
     for path, _, opt in sorted(binds, key=lambda b: (b[0].rstrip("/").count("/"), b[1])):
         if os.path.exists(path):
             args += [opt, path, path]
+    if view == "declared" and cwd not in visible:
+        args += ["--dir", cwd]        # an undeclared working directory: there, but empty
     return [*args, "--chdir", cwd, "--"]

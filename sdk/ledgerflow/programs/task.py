@@ -183,7 +183,8 @@ class ProgramSpec:
             exe = sandbox.check(self.name)
             here = cwd or os.getcwd()
             command = sandbox.bwrap_argv(
-                exe, cwd=here, visible=[here, *self._paths(self.inputs, values, cwd)],
+                exe, cwd=here, visible=[*([here] if cwd or self.view == "host" else []),
+                                        *self._paths(self.inputs, values, cwd)],
                 writable=[*self._paths(self.writable, values, cwd),
                           *(os.path.dirname(p) for p in outputs)],
                 read_only=self._paths(self.read_only, values, cwd), network=self.network,

@@ -1,0 +1,58 @@
+"""Parameters of a program task cannot become shell code or options."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ledgerflow import DefinitionError, pipeline, program
+from ledgerflow.programs import UnsafeArgument
+from tests.program.proctools import PY
+
+
+@pytest.mark.parametrize("argv", [
+    ["sh", "-c", "cat {src}"],
+    ["/bin/bash", "-ec", "echo {src}"],
+    [PY, "-c", "print('{src}')"],
+    ["perl", "-e", "print '{src}'"],
+])
+def test_a_placeholder_in_the_code_of_an_interpreter_is_refused(argv: list[str]) -> None:
+    with pytest.raises(DefinitionError, match="would let a value run as code") as info:
+        program("inject", argv)
+    assert "LEDGERFLOW_PARAM_X" in (info.value.hint or "")
+
+
+def test_a_value_passed_as_an_argument_to_sh_c_stays_data(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    safe = program("safe", ["sh", "-c", 'printf "%s\\n" "$1"', "sh", "{src}"])
+    out = safe(src=f"x; touch {marker}")["stdout"]
+    assert out == f"x; touch {marker}\n" and not marker.exists()
+
+
+def test_a_value_that_reads_as_an_option_is_refused_and_nothing_runs(tmp_path: Path,
+                                                                    ledger: str) -> None:
+    marker = tmp_path / "ran"
+    touch = program("touch", ["sh", "-c", f': > {marker}; printf "%s\\n" "$@"', "sh", "{src}"],
+                    retries=2)
+
+    @pipeline
+    def p(src: str):
+        return touch(src=src)
+
+    run = p.run("-o/etc/passwd", store=ledger, executor="threads")
+    task = run.status().tasks["touch"]
+    assert task.state == "failed"
+    assert "would reach the program as an option" in (task.error or "")
+    assert [a["outcome"] for a in run.attempts("touch")] == ["error"]   # not retried
+    assert not marker.exists()
+
+
+def test_after_a_double_dash_and_for_numbers_a_leading_dash_is_fine() -> None:
+    show = [PY, "-c", "import sys; print('|'.join(sys.argv[1:]))"]
+    after = program("after", [*show, "--", "{a}"])
+    assert after(a="-o/path")["stdout"] == "--|-o/path\n"
+    num = program("num", [*show, "{n}"])
+    assert num(n=-3)["stdout"] == "-3\n" and num(n="-2.5e3")["stdout"] == "-2.5e3\n"
+    with pytest.raises(UnsafeArgument, match=r"parameter n='-x'"):
+        num(n="-x")
