@@ -67,7 +67,7 @@ def _report(path: str, policy_path: str | None) -> tuple[Any, Any, Any]:
             raise
         rep = Report()
         rep.problems.append(Problem(path="", code="spec.syntax", message=str(exc),
-                                    hint="fix the file's syntax"))
+                                    hint=exc.hint or "fix the file's syntax"))
         return rep, None, None
     folder = str(p.resolve().parent)
     if folder not in sys.path:

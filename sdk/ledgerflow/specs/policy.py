@@ -133,10 +133,16 @@ def load_policy(path: str | os.PathLike[str]) -> Policy:
 
     p = Path(path)
     try:
-        doc = tomllib.loads(p.read_text())
+        doc = tomllib.loads(p.read_bytes().decode("utf-8"))
     except OSError as exc:
         raise InputError(f"cannot read policy {path}: {exc.strerror}",
                          hint="pass an existing POLICY.toml") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"policy {path} is not valid UTF-8 text (at offset {exc.start})",
+                         hint="save the file as UTF-8") from None
+    except RecursionError:
+        raise InputError(f"policy {path} is not valid TOML: its values nest too deeply to "
+                         "read", hint="a policy is a few flat tables") from None
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"policy {path} is not valid TOML: {exc}",
                          hint="fix the file's syntax") from None
