@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,8 +25,9 @@ from pathlib import Path
 import pytest
 
 from ledgerflow import program
-from ledgerflow.programs import SandboxUnavailable
+from ledgerflow.programs import ProgramError, SandboxUnavailable, descendants, supervisor_pids
 from tests.program.proctools import PY
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None,
                                 reason="bubblewrap is not installed (apt-get install "
@@ -255,3 +258,35 @@ def test_a_bwrap_that_leaves_capabilities_is_refused(tmp_path: Path,
     with pytest.raises(SandboxUnavailable, match="capabilities are left"):
         touch()
     assert not marker.exists()
+
+
+def test_killing_the_sandbox_init_is_a_failure_never_exit_0(tmp_path: Path) -> None:
+    started = tmp_path / "out" / "started"
+    inside = program("inside", ["sh", "-c", "kill -KILL 1; kill -TERM 1; exit 7"],
+                     sandbox="bwrap")
+    with pytest.raises(ProgramError, match="exited with code 7"):   # init survives it
+        inside()
+    sleeper = program("sleeper", ["sh", "-c", f": > {started}; sleep 60"], sandbox="bwrap",
+                      writable=[str(started.parent)], timeout=120, grace=1)
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            sleeper()
+        except BaseException as exc:          # the test reads it below
+            failure.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    try:
+        wait_until(started.exists, what="the sandboxed program to start")
+        (sup,) = supervisor_pids()
+        tree = descendants(sup)               # outer bwrap, its init, sh, sleep
+        outer = tree[0]
+        init = next(p for p in tree if Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1]
+                    .split()[1] == str(outer))
+        os.kill(init, signal.SIGKILL)         # from the host: the sandbox's init dies
+    finally:
+        worker.join(60)
+    assert len(failure) == 1 and isinstance(failure[0], ProgramError), failure
+    assert failure[0].exit_code != 0
