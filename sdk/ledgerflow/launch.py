@@ -30,8 +30,8 @@ from .observers import Observers
 from .plan import UNSET
 from .plugins import get_plugin_manager
 from .runner import Runner
-from .states import RunState, TaskState
-from .store import Lease, RunStore, reading
+from .states import RUN_TERMINAL, RunState, TaskState
+from .store import Lease, RunStore
 from .task import MapRef, TaskRef
 from .views import RunView, usage_summary
 
@@ -464,25 +464,50 @@ class _NoExecutor:
 
 def continue_run(pipe: Pipeline[..., Any], view: RunView, st: RunStore, *,
                  settings: Settings, executor: object = None, wait: bool = True,
-                 progress: Any = None, cancel_event: threading.Event | None = None) -> Run:
-    """Take over the run ``view`` (recorded by ``pipe``) and drive it to its end."""
-    graph = pipe.build(**json.loads(view.params))
-    pipe.admit(st)        # a spec edited since the run started needs its approval again
+                 progress: Any = None, cancel_event: threading.Event | None = None,
+                 graph: Graph | None = None, cache: Mapping[str, Any] | None = None) -> Run:
+    """Take over the run ``view`` (recorded by ``pipe``) and drive it to its end.
+
+    ``view`` with its task rows is used as the prior state when no driver can
+    have written since it was read (the run ended, or its driver is known dead:
+    its unfolded tail is already in the view); else the run is read again once
+    the takeover fenced the old driver off. ``graph`` and ``cache``: as
+    :func:`resume_inputs` returned them, read with the view.
+    """
+    if graph is None or cache is None:
+        st.recover()      # what killed drivers left unfolded reaches the cache index
+        graph, cache = resume_inputs(pipe, view, st)
     ex = make_executor(executor if executor is not None and not isinstance(executor, str)
                        else settings.executor, settings)
-    st.recover()
     lease: Lease = st.take_over(view.run_id)
-    # re-read: the takeover folded what the old driver left
-    with quiet_gc(), reading(st):
-        prior = st.get_run(view.run_id, upstream=False)
-        cache = st.cache_lookup(sorted({n.task.name for n in graph if n.task.options.cache}),
-                                exclude_run=view.run_id)
+    settled = bool(view.tasks) and (view.driver_alive is False or view.state in RUN_TERMINAL)
+    if settled:
+        prior = view
+    else:
+        with quiet_gc():
+            prior = st.get_run(view.run_id, upstream=False)
     observers = Observers.from_plugins(progress=progress)
     observers.begin(prior.counts())     # the display starts from the counts the run had
     runner = _runner(graph, st, ex, settings, view.run_id, prior, cache, observers,
                      cancel_event)
     runner.take_over(lease)
     return _drive(pipe, runner, wait, resumed=True)
+
+
+def resume_inputs(pipe: Pipeline[..., Any], view: RunView, st: RunStore
+                  ) -> tuple[Graph, Mapping[str, Any]]:
+    """What a resume of ``view`` needs before its takeover: the graph rebuilt from
+    the run's parameters (admitted again) and the cache of the other runs.
+
+    Call it in the :func:`~ledgerflow.store.reading` block that read ``view``:
+    the cache is then read on the same connection.
+    """
+    graph = pipe.build(**json.loads(view.params))
+    pipe.admit(st)        # a spec edited since the run started needs its approval again
+    names = sorted({n.task.name for n in graph if n.task.options.cache})
+    with quiet_gc():
+        cache = st.cache_lookup(names, exclude_run=view.run_id) if names else {}
+    return graph, cache
 
 
 def _runner(graph: Graph, st: RunStore, ex: Executor, settings: Settings, run_id: str,

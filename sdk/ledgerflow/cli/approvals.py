@@ -57,12 +57,12 @@ def approvals(run_id: str | None, store: str | None, as_json: bool) -> None:
 def _decided(doc: dict[str, Any], run_id: str, and_resume: bool, store: str | None) -> None:
     out(f"{doc['task_key']}: {doc['decision']} by {doc['decided_by']} "
         f"(digest {doc['digest'][:12]})")
-    view = api.head(api.get_run(run_id, store=store, check=False))
+    handle = api.get_run(run_id, store=store, check=False)
+    view = api.head(handle)
     if and_resume and view.state != RunState.SUCCEEDED and not view.driver_alive:
-        out(f"resuming {run_id}")
         finish(drive(lambda cancel, progress: api.resume(
-            run_id, store=store, progress=progress, cancel_event=cancel, view=view),
-            False), False)
+            run_id, store=handle.store, progress=progress, cancel_event=cancel),
+            False, run_id, f"resuming {run_id}"), False)
     elif view.driver_alive:
         out("its driver picks the decision up within a second")
     else:

@@ -25,24 +25,60 @@ from .params import convert_params
 from .render import ROW_LIMIT, dumps, out, progress_for, summary
 
 
-def drive(start: Callable[[threading.Event, Any], api.Run], as_json: bool,
-          initial: dict[str, int] | None = None) -> api.Run:
+def drive(start: Callable[[threading.Event, Any], api.Run], as_json: bool, run_id: str,
+          header: str | None = None) -> api.Run:
     """Drive a run in this process with Ctrl-C as cancel and a progress display.
 
-    With ``--json`` stdout holds the document alone: anything else written
-    meanwhile (a pipeline body's prints, echoed logs) goes to stderr.
+    ``header`` is printed once the run is really recorded (its first transition
+    or its takeover), so a refusal (a read-only ledger, a damaged one, a run that
+    already succeeded) prints no run line. With ``--json`` stdout holds the
+    document alone: anything else written meanwhile (a pipeline body's prints,
+    echoed logs) goes to stderr.
     """
     if as_json:
         real, sys.stdout = sys.stdout, sys.stderr
         try:
-            return _driven(start, True, initial)
+            return _driven(start, True, run_id, None)
         finally:
             sys.stdout = real
-    return _driven(start, False, initial)
+    return _driven(start, False, run_id, header)
 
 
-def _driven(start: Callable[[threading.Event, Any], api.Run], as_json: bool,
-            initial: dict[str, int] | None) -> api.Run:
+class Announced:
+    """The progress display, started (after ``header``) at the run's first news."""
+
+    def __init__(self, as_json: bool, header: str | None) -> None:
+        self.as_json = as_json
+        self.header = header
+        self.display: Any = None
+        self.started = False
+
+    def _start(self, counts: dict[str, int] | None) -> Any:
+        if not self.started:
+            self.started = True
+            if self.header is not None:
+                out(self.header)
+            self.display = progress_for(self.as_json, counts)
+        return self.display
+
+    def begin(self, counts: dict[str, int]) -> None:
+        """A resumed run's counts, read by the resume once it took the run over."""
+        display = self._start(counts)
+        if display is not None:
+            display.begin(counts)
+
+    def __call__(self, key: str, old: str, new: str) -> None:
+        display = self.display if self.started else self._start(None)
+        if display is not None:
+            display(key, old, new)
+
+    def close(self) -> None:
+        if self.display is not None:
+            self.display.close()
+
+
+def _driven(start: Callable[[threading.Event, Any], api.Run], as_json: bool, run_id: str,
+            header: str | None) -> api.Run:
     cancel = threading.Event()
     presses = {"n": 0}
 
@@ -53,16 +89,17 @@ def _driven(start: Callable[[threading.Event, Any], api.Run], as_json: bool,
             out("\ncancelling: waiting for running tasks to stop "
                 "(Ctrl-C again to exit at once; the run stays resumable)", err=True)
         else:
+            out(f"\nstopped at once; the tasks that were running are resumed as lost: "
+                f"pipeline resume {run_id}", err=True)
             os._exit(130)
 
     old = signal.signal(signal.SIGINT, on_sigint)
-    progress = progress_for(as_json, initial)
+    progress = Announced(as_json, header)
     try:
         return start(cancel, progress)
     finally:
         signal.signal(signal.SIGINT, old)
-        if progress is not None:
-            progress.close()
+        progress.close()
 
 
 def finish(run: api.Run, as_json: bool) -> None:
@@ -136,8 +173,7 @@ def run(target: str, params: tuple[str, ...], store: str | None, executor: str |
     if type(pipe).admit is not Pipeline.admit:  # e.g. a draft nobody approved: refused here
         pipe.admit(api.open_ledger(store))
     run_id = api.new_run_id()
-    if not as_json:
-        out(f"run {run_id}  pipeline {pipe.name}  ({len(graph)} steps)")
+    header = f"run {run_id}  pipeline {pipe.name}  ({len(graph)} steps)"
 
     def start(cancel: threading.Event, progress: Any) -> api.Run:
         return api.start(pipe, (), values, store=store, executor=executor, workers=workers,
@@ -146,7 +182,7 @@ def run(target: str, params: tuple[str, ...], store: str | None, executor: str |
                          cancel_event=cancel, dask_address=dask_address, graph=graph,
                          logs=logs or None, wait_approvals=wait_approvals or None)
 
-    finish(drive(start, as_json), as_json)
+    finish(drive(start, as_json, run_id, header), as_json)
 
 
 @main.command()
@@ -208,16 +244,14 @@ def resume(run_id: str, plan: bool, store: str | None, executor: str | None,
             out(f"  {action:<6} {key}: {why}")
         return
     api.check_executor(executor)
-    api.open_ledger(store).get_run(run_id, tasks=False)     # the run exists: say so
-    if not as_json:
-        out(f"run {run_id}  resuming")
+    handle = api.get_run(run_id, store=store, check=False)     # one store for all of it
 
     def start(cancel: threading.Event, progress: Any) -> api.Run:
-        return api.resume(run_id, store=store, executor=executor, workers=workers,
+        return api.resume(run_id, store=handle.store, executor=executor, workers=workers,
                           progress=progress, cancel_event=cancel, dask_address=dask_address,
                           logs=logs or None, wait_approvals=wait_approvals or None)
 
-    finish(drive(start, as_json, None), as_json)
+    finish(drive(start, as_json, run_id, f"run {run_id}  resuming"), as_json)
 
 
 @main.command()
