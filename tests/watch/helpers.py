@@ -92,6 +92,16 @@ class Watcher:
         self.proc.wait(30)
         self._close()
 
+    def drain(self) -> list[dict[str, Any]]:
+        """Every event read so far, those not yet taken included (after :meth:`stop`)."""
+        while True:
+            try:
+                event = self.events.get_nowait()
+            except queue.Empty:
+                return self.seen
+            if event is not None:
+                self.seen.append(event)
+
     def _close(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
