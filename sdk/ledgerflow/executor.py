@@ -20,6 +20,10 @@ from . import capture
 from .approval import ApprovalNeeded
 from .context import RunContext, TaskCancelled, TaskTimedOut, run_in_context
 from .results import Encoded, encode
+from .states import Outcome
+
+_OK, _ERROR, _TIMEOUT = Outcome.OK.value, Outcome.ERROR.value, Outcome.TIMEOUT.value
+_CANCELLED, _WAITING = Outcome.CANCELLED.value, Outcome.WAITING.value
 
 
 @runtime_checkable
@@ -204,20 +208,20 @@ def _attempt(job: Job, ctx: RunContext, keep_value: bool) -> Completion:
         else:
             value = run_in_context(ctx, inner or fn, job.args, job.kwargs)
     except TaskCancelled:
-        return Completion(job.id, "cancelled", started_at=started, ended_at=time.time(),
+        return Completion(job.id, _CANCELLED, started_at=started, ended_at=time.time(),
                           lineage=ctx.lineage, has_value=False)
     except ApprovalNeeded as need:   # stopped at an in-task gate: runs again once decided
-        return Completion(job.id, "waiting", error_type="ApprovalNeeded",
+        return Completion(job.id, _WAITING, error_type="ApprovalNeeded",
                           error_message=f"waiting for approval of {need.action!r}",
                           started_at=started, ended_at=time.time(), lineage=ctx.lineage,
                           has_value=False, approval=need.request())
     except TaskTimedOut as exc:     # no error object: a timeout is retried by policy
-        return Completion(job.id, "timeout", error_type="TaskTimedOut",
+        return Completion(job.id, _TIMEOUT, error_type="TaskTimedOut",
                           error_message=str(exc)[:2000] or "the task timed out",
                           started_at=started, ended_at=time.time(), lineage=ctx.lineage,
                           has_value=False)
     except Exception as exc:
-        return Completion(job.id, "error", error=exc, error_type=type(exc).__name__,
+        return Completion(job.id, _ERROR, error=exc, error_type=type(exc).__name__,
                           error_message=str(exc)[:2000],
                           traceback="".join(traceback.format_exception(exc))[-8000:],
                           started_at=started, ended_at=time.time(), lineage=ctx.lineage,
@@ -225,7 +229,7 @@ def _attempt(job: Job, ctx: RunContext, keep_value: bool) -> Completion:
     except BaseException as exc:    # SystemExit, KeyboardInterrupt, GeneratorExit, ...
         # user code ends its attempt, never the worker or the driver: an ``error``
         # that is not retryable (``retry_on`` names Exception subclasses by default)
-        return Completion(job.id, "error", error=exc, error_type=type(exc).__name__,
+        return Completion(job.id, _ERROR, error=exc, error_type=type(exc).__name__,
                           error_message=_base_message(exc),
                           traceback="".join(traceback.format_exception(exc))[-8000:],
                           started_at=started, ended_at=time.time(), lineage=ctx.lineage,
@@ -233,12 +237,12 @@ def _attempt(job: Job, ctx: RunContext, keep_value: bool) -> Completion:
     try:
         enc = encode(value)
     except Exception as exc:
-        return Completion(job.id, "error", error=exc, error_type=type(exc).__name__,
+        return Completion(job.id, _ERROR, error=exc, error_type=type(exc).__name__,
                           error_message=f"result could not be serialised: {exc}",
                           traceback="".join(traceback.format_exception(exc))[-8000:],
                           started_at=started, ended_at=time.time(), lineage=ctx.lineage,
                           has_value=False)
-    return Completion(job.id, "ok", value=value if keep_value else None, encoded=enc,
+    return Completion(job.id, _OK, value=value if keep_value else None, encoded=enc,
                       started_at=started, ended_at=time.time(), lineage=ctx.lineage,
                       has_value=keep_value)
 

@@ -36,9 +36,10 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from . import outcomes
 from ._gc import quiet_gc
 from .approval import task_digest
-from .attempt_log import call_records, logged_calls, logged_steps
+from .attempt_log import logged_calls, logged_steps
 from .config import Settings
 from .errors import (
     InvalidTransitionError,
@@ -61,7 +62,6 @@ from .observers import Change, Observers
 from .plan import UNSET, Instance, Plan
 from .records import (
     FORMAT_VERSION,
-    ArtifactRecorded,
     AttemptEnded,
     DriverHeader,
     LogRecorded,
@@ -70,7 +70,6 @@ from .records import (
     ResultRecorded,
     RunDefined,
     RunStateChanged,
-    StepRecorded,
     TaskCreated,
     Transition,
 )
@@ -82,6 +81,7 @@ from .states import (
     IN_FLIGHT,
     NOT_STARTED,
     TERMINAL,
+    Outcome,
     RunState,
     TaskState,
     check_restored,
@@ -99,6 +99,8 @@ _RETRY_WAIT, _CANCELLING = _T.RETRY_WAIT.value, _T.CANCELLING.value
 _SUCCEEDED, _FAILED, _CANCELLED = _T.SUCCEEDED.value, _T.FAILED.value, _T.CANCELLED.value
 _UPSTREAM_FAILED = _T.UPSTREAM_FAILED.value
 _WAITING_APPROVAL = _T.WAITING_APPROVAL.value
+_ERROR, _CANCELLED_O, _LOST = (Outcome.ERROR.value, Outcome.CANCELLED.value,
+                               Outcome.LOST.value)
 _NO_STEPS: dict[str, tuple[str, str]] = {}
 _TERMINAL = frozenset(s.value for s in TERMINAL)
 _FAILED_LIKE = frozenset(s.value for s in FAILED_LIKE)
@@ -260,9 +262,9 @@ class Runner:
             self._note(inst.key, inst.attempt, "result_missing",
                        f"its result file {row.result_uri} is gone; the task runs again")
         if decision.lost:
-            self._attempt_ended(AttemptEnded(inst.key, inst.attempt, "lost", row.started_at,
-                                         time.time(), "",
-                                         "the driving process died while the attempt ran", ""))
+            self._journal([AttemptEnded(inst.key, inst.attempt, _LOST, row.started_at,
+                                        time.time(), "",
+                                        "the driving process died while the attempt ran", "")])
             self._recover_calls(inst.key, inst.attempt)
         for target, reason in decision.moves:
             self._move(inst, target.value, reason, resume=True)
@@ -274,17 +276,6 @@ class Runner:
         reported (lost with its process): they were kept in its call log as made."""
         if self.folders is not None:
             self.buf += logged_calls(self.folders[1], key, attempt)
-
-    def _calls_records(self, key: str, attempt: int, c: Completion) -> None:
-        """Records of the model calls, tool calls and notices an attempt reported."""
-        self.buf += call_records(key, attempt, c.model_calls, c.tool_calls,
-                                 [{"kind": k, "message": m, "ts": t} for k, m, t in c.notices])
-
-    def _attempt_ended(self, record: AttemptEnded) -> None:
-        """Record how an attempt ended (observers hear of it after the commit)."""
-        self.buf.append(record)
-        if self.observers.hears_attempts:
-            self.ended.append(record)
 
     def _note(self, key: str, attempt: int, kind: str, message: str) -> None:
         log.warning("run %s task %s attempt %d: %s", self.run_id, key, attempt, message)
@@ -543,7 +534,7 @@ class Runner:
         if inst is None:
             return      # timed out before it could start
         if inst.state != _RUNNING:      # cancelled before it could start: nothing ran
-            self._on_complete(Completion(job.id, "cancelled", has_value=False))
+            self._on_complete(Completion(job.id, _CANCELLED_O, has_value=False))
             return
         if self.observers.carrier_hook is not None:
             job.carrier = self.observers.carrier(job)
@@ -551,7 +542,7 @@ class Runner:
                               and self.inflight == 1 and not self.ready):
             c = execute(job, self._cancel_seen)
             self._check_lease()
-            if c.outcome == "cancelled" and not self.cancelling and self._cancel_seen():
+            if c.outcome == _CANCELLED_O and not self.cancelling and self._cancel_seen():
                 self._start_cancel("cancel requested")   # running -> cancelling first
             self._on_complete(c)
             return
@@ -559,7 +550,7 @@ class Runner:
             self.executor.submit(job)
         except Exception as exc:  # executor refused (e.g. unpicklable function)
             now = time.time()
-            self._on_complete(Completion(job.id, "error", error=exc,
+            self._on_complete(Completion(job.id, _ERROR, error=exc,
                                          error_type=type(exc).__name__,
                                          error_message=f"executor could not start it: {exc}",
                                          started_at=now, ended_at=now, has_value=False))
@@ -679,87 +670,98 @@ class Runner:
         del self.jobs[job_id]
         self.inflight -= 1
         self.timed_out[job_id] = (inst.key, inst.attempt)
-        limit = inst.node.task.options.timeout
+        opts = inst.node.task.options
+        limit = opts.timeout
         assert limit is not None
-        self._attempt_ended(AttemptEnded(inst.key, inst.attempt, "timeout", None, time.time(),
-                                     "TimeoutError",
-                                     f"no result within {limit:g}s; attempt abandoned", ""))
+        self._journal([outcomes.timed_out(inst.key, inst.attempt, limit, None, time.time(),
+                                          f"no result within {limit:g}s; attempt abandoned")])
         try:
             self.executor.cancel(job_id, reason="timeout")
         except Exception:
             log.exception("executor.cancel failed")
-        self._retry_or_fail(inst, f"attempt {inst.attempt} timed out after {limit:g}s", None)
+        self._apply(inst, outcomes.retry_or_fail(
+            opts, inst.used, f"attempt {inst.attempt} timed out after {limit:g}s", None,
+            self.rand))
 
     def _complete(self, c: Completion) -> None:
+        """Apply an attempt's report: journal what it did, then move its task."""
         inst = self.jobs.pop(c.job_id, None)
         if inst is None:
-            late = self.timed_out.get(c.job_id)
-            if late is not None:
-                self._note(late[0], late[1], "late_result_rejected",
-                           f"result ({c.outcome}) arrived after the attempt timed out; "
-                           "rejected, not applied")
-                # what it spent is real all the same: its calls and notices are kept
-                self._calls_records(late[0], late[1], c)
-            elif 0 < c.job_id <= len(self.job_task):   # neither running nor timed out: done
-                self._note(self.job_task[c.job_id - 1].key, self.job_attempt[c.job_id - 1],
-                           "duplicate_result_rejected",
-                           f"a second report ({c.outcome}) for an attempt already finished; "
-                           "rejected")
-            else:
-                log.warning("run %s: report for unknown job %d ignored", self.run_id, c.job_id)
+            self._stray(c)
             return
         self.inflight -= 1
         inst.job = None
-        if c.log:
-            self.buf.append(LogRecorded(inst.key, inst.attempt, "output", c.log,
-                                        c.log_dropped))
-        limit = inst.node.task.options.timeout
-        if limit is not None and c.outcome == "ok" and c.ended_at - c.started_at > limit \
-                and inst.state == _RUNNING:
-            # it ran past its deadline before the timer could fire (e.g. inline): the
-            # attempt timed out and its result is late, so it is rejected, not applied
-            self._attempt_ended(AttemptEnded(inst.key, inst.attempt, "timeout", c.started_at,
-                                         c.ended_at, "TimeoutError",
-                                         f"no result within {limit:g}s", ""))
-            self._note(inst.key, inst.attempt, "late_result_rejected",
-                       f"result arrived after {c.ended_at - c.started_at:.3g}s, past the "
-                       f"{limit:g}s timeout; rejected, not applied")
-            self._retry_or_fail(inst, f"attempt {inst.attempt} timed out after {limit:g}s",
-                                None)
+        opts = inst.node.task.options
+        if outcomes.ran_late(inst.state, opts, c):
+            assert opts.timeout is not None
+            if c.log:
+                self.buf.append(LogRecorded(inst.key, inst.attempt, "output", c.log,
+                                            c.log_dropped))
+            self._journal(outcomes.late_records(inst.key, inst.attempt, opts.timeout, c))
+            self._apply(inst, outcomes.retry_or_fail(
+                opts, inst.used, f"attempt {inst.attempt} timed out after {opts.timeout:g}s",
+                None, self.rand))
             return
-        self._attempt_ended(AttemptEnded(inst.key, inst.attempt, c.outcome, c.started_at,
-                                     c.ended_at, c.error_type, c.error_message, c.traceback))
-        self._calls_records(inst.key, inst.attempt, c)
+        self._journal(outcomes.reported(inst.key, inst.attempt, c))
         if c.steps:
             recorded = self.steps.setdefault(inst.key, {})
-            for name, kind, data, step_hash in c.steps:
+            for name, kind, data, _ in c.steps:
                 recorded[name] = (kind, data)
-                self.buf.append(StepRecorded(inst.key, inst.attempt, name, kind, data,
-                                             step_hash))
-        for direction, uri, chash, attrs in c.lineage:
-            self.buf.append(ArtifactRecorded(inst.key, inst.attempt, direction, uri, chash,
-                                             attrs))
-        if c.outcome == "ok":
+        self._apply(inst, outcomes.settle(inst.state, opts, inst.used, c, self.rand), c)
+
+    def _stray(self, c: Completion) -> None:
+        """A report for no running attempt: late after a timeout, a duplicate, or unknown."""
+        late = self.timed_out.get(c.job_id)
+        if late is not None:
+            self._note(late[0], late[1], "late_result_rejected",
+                       f"result ({c.outcome}) arrived after the attempt timed out; "
+                       "rejected, not applied")
+            self.buf += outcomes.spent(late[0], late[1], c)     # what it spent is real
+        elif 0 < c.job_id <= len(self.job_task):   # neither running nor timed out: done
+            self._note(self.job_task[c.job_id - 1].key, self.job_attempt[c.job_id - 1],
+                       "duplicate_result_rejected",
+                       f"a second report ({c.outcome}) for an attempt already finished; "
+                       "rejected")
+        else:
+            log.warning("run %s: report for unknown job %d ignored", self.run_id, c.job_id)
+
+    def _journal(self, records: list[Record]) -> None:
+        """Buffer records for the next commit; attempts ended are told to observers
+        after it, and a rejected late result is logged."""
+        self.buf += records
+        for r in records:
+            if type(r) is AttemptEnded:
+                if self.observers.hears_attempts:
+                    self.ended.append(r)
+            elif type(r) is Notice and r.kind == "late_result_rejected":
+                log.warning("run %s task %s attempt %d: %s", self.run_id, r.task_key,
+                            r.attempt, r.message)
+
+    def _apply(self, inst: Instance, move: outcomes.Move, c: Completion | None = None) -> None:
+        """Apply a move of the completion policy (:mod:`ledgerflow.outcomes`)."""
+        target = move.target
+        if target == _SUCCEEDED:
+            assert c is not None
             self._succeed(inst, c)
-        elif c.outcome == "waiting" and c.approval is not None and inst.state == _RUNNING:
+        elif target == _RETRY_WAIT:
+            assert move.retry_in is not None
+            self._move(inst, _RETRY_WAIT, move.reason)
+            self._timer(time.monotonic() + move.retry_in, "retry", inst)
+        elif target == _WAITING_APPROVAL:
+            assert c is not None and c.approval is not None
             inst.used -= 1                  # waiting at a gate uses no attempt of the budget
             self._apply_gate(inst, self.gates.ask_in_task(inst, c.approval))
             if self.gates.is_decided(c.approval["digest"]):     # decided already: apply it now
                 self._poll_gates()
-        elif inst.state == _CANCELLING:
-            if c.outcome in ("cancelled", "lost"):
-                self._move(inst, _CANCELLED, "executor confirmed it stopped")
-                self.cancelled_tasks += 1
-            else:
-                self._move(inst, _FAILED, f"{c.error_type}: {c.error_message}")
+        elif target == _FAILED and move.downstream:
+            self._give_up(inst, move.reason)
+        else:       # settled while the run cancels: its dependents are cancelled already
+            self._move(inst, target, move.reason)
+            if target == _FAILED:
                 self.failed_tasks += 1
+            else:
+                self.cancelled_tasks += 1
             self.plan.failed(inst)
-        elif c.outcome == "cancelled":
-            self._retry_or_fail(inst, "attempt stopped itself (cancelled)", None)
-        else:
-            reason = (f"{c.error_type}: {c.error_message}" if c.outcome == "error"
-                      else f"attempt {c.outcome}: {c.error_message}")
-            self._retry_or_fail(inst, reason, c.error)
 
     def _succeed(self, inst: Instance, c: Completion) -> None:
         enc = c.encoded
@@ -787,18 +789,6 @@ class Runner:
             self._adopt(created)
         if ready:
             self._release(ready)
-
-    def _retry_or_fail(self, inst: Instance, reason: str, exc: BaseException | None) -> None:
-        # only running attempts get here: a cancel moves every running task to
-        # "cancelling" first, and _complete settles those itself
-        opts = inst.node.task.options
-        if opts.retryable(exc) and inst.used <= opts.retries:
-            delay = opts.delay(inst.used, self.rand.random())
-            self._move(inst, _RETRY_WAIT, f"{reason}; retry in {delay:.3g}s")
-            self._timer(time.monotonic() + delay, "retry", inst)
-            return
-        why = reason if opts.retryable(exc) else f"{reason} (not retryable)"
-        self._give_up(inst, why)
 
     def _give_up(self, inst: Instance, reason: str) -> None:
         self._move(inst, _FAILED, reason)

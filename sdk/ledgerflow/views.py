@@ -23,7 +23,12 @@ from .records import (
     StepRecorded,
     Transition,
 )
-from .states import FAILED_LIKE, PENDING_APPROVAL, RUN_ACTIVE, TaskState
+from .states import FAILED_LIKE, PENDING_APPROVAL, RUN_ACTIVE, Outcome, TaskState
+
+#: Attempt outcomes that are no error, and those whose error text starts with the outcome.
+_NO_ERROR = frozenset({Outcome.OK.value, Outcome.WAITING.value})
+_NAMED_BY_OUTCOME = frozenset({Outcome.TIMEOUT.value, Outcome.LOST.value,
+                               Outcome.CANCELLED.value})
 
 
 @dataclass(slots=True)
@@ -151,9 +156,9 @@ def error_text(outcome: str, error_type: str, error_message: str) -> str | None:
     the task's error. The DuckDB fold computes the same text in SQL; the store
     contract keeps them equal.
     """
-    if outcome in ("ok", "waiting"):
+    if outcome in _NO_ERROR:
         return None
-    if outcome in ("timeout", "lost", "cancelled"):
+    if outcome in _NAMED_BY_OUTCOME:
         return f"{outcome}: {error_message}" if error_message else outcome
     return f"{error_type}: {error_message}" if error_type else error_message
 
