@@ -1,5 +1,11 @@
 """The run-store interface: what the runner, the CLI and readers need from a store.
 
+:class:`RunStore` is what every store implements; the optional capabilities
+a store may add (a block of reads, a summed read of a big run, the rows a
+resume may change, a fold on demand, a lease-loss probe, worker folders) are
+declared below it as functions, the one place that looks them up, the way
+:mod:`ledgerflow.executor` declares the executor's.
+
 The runner hands a store typed journal records (:mod:`ledgerflow.records`)
 in group commits; a store makes each commit durable before
 :meth:`RunStore.append` returns, and answers reads exactly as if it had
@@ -159,10 +165,6 @@ class RunStore(Protocol):
     def tool_calls(self, run_id: str) -> list[dict[str, Any]]:
         """Every tool call of the run (fields of ``records.ToolCall``)."""
 
-    def worker_folders(self, run_id: str) -> tuple[str, str] | None:
-        """(ledger folder, run folder) where workers on this machine may keep durable
-        files (step logs, budgets), or None when the store has no folder."""
-
     def recover(self) -> None:
         """Bring what is derived from the records up to date (e.g. fold the journals a
         killed driver left). Called by commands that may write, before they read."""
@@ -178,6 +180,7 @@ class RunStore(Protocol):
         """Release files and connections."""
 
 
+# -- optional capabilities: a store offers them as methods of these names ------------------
 def reading(store: object) -> contextlib.AbstractContextManager[None]:
     """A block of reads sharing one connection, where the store offers it (its optional
     ``reading()``: the DuckDB store opens its file once for the block, not once a read).
@@ -187,3 +190,39 @@ def reading(store: object) -> contextlib.AbstractContextManager[None]:
     """
     block = getattr(store, "reading", None)
     return block() if block is not None else contextlib.nullcontext()
+
+
+def summarize(store: object, run_id: str, *, min_tasks: int) -> RunView | None:
+    """The run with its tasks summed per name and no task rows, where the store can sum
+    a run of at least ``min_tasks`` tasks in place (its optional ``summarize``); None
+    when only a full read answers right."""
+    method = getattr(store, "summarize", None)
+    return None if method is None else method(run_id, min_tasks=min_tasks)
+
+
+def unsettled(store: object, run_id: str) -> tuple[RunView, int] | None:
+    """The run with only the rows a resume may change, and how many successes it leaves
+    out (its optional ``unsettled``); None when every row must be read."""
+    method = getattr(store, "unsettled", None)
+    return None if method is None else method(run_id)
+
+
+def fold(store: object) -> list[str] | None:
+    """Fold what drivers that are gone left unfolded now (its optional ``fold``); the runs
+    folded, or None if the store has no fold."""
+    method = getattr(store, "fold", None)
+    return None if method is None else list(method())
+
+
+def lease_probe(store: object) -> Callable[[Lease], str | None] | None:
+    """The store's cheap, local ``lease_lost(lease)`` (why this process lost the lease,
+    None while it holds), polled by the runner; None if the store has none."""
+    return getattr(store, "lease_lost", None)
+
+
+def worker_folders(store: object, run_id: str) -> tuple[str, str] | None:
+    """(ledger folder, run folder) where workers on this machine may keep durable files
+    (step logs, budgets), or None when the store has no folder (its optional
+    ``worker_folders``)."""
+    method = getattr(store, "worker_folders", None)
+    return None if method is None else method(run_id)
