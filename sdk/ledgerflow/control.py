@@ -27,6 +27,7 @@ from .launch import (
     open_ledger,
     read_run,
     refuse_resume,
+    resume_inputs,
     settings_for,
     start,
     store_for,
@@ -132,14 +133,19 @@ def resume(run_id: str, *, store: StoreArg = None, executor: object = None,
     settings = settings_for(store, executor, workers, fail_fast, dask_address=dask_address,
                             logs=logs, wait_approvals=wait_approvals)
     st = store_for(settings, store)
-    with reading(st):
-        if view is None or view.run_id != run_id:
-            view = st.get_run(run_id, tasks=False)
-        deciding.apply_deadlines(st, run_id)
-    refuse_resume(view)
-    pipe = pipeline or recorded_pipeline(view)
+    st.recover()        # what killed drivers left reaches the tables (and the cache)
+    with reading(st):   # one connection: the run, its pipeline's admission, the cache
+        if view is None or view.run_id != run_id or not view.tasks:
+            with quiet_gc():    # its rows are the runner's prior rows (see continue_run)
+                view = st.get_run(run_id, upstream=False)
+        if any(t.state == TaskState.WAITING_APPROVAL for t in view.tasks.values()):
+            deciding.apply_deadlines(st, run_id)    # a pending request: its task waits
+        refuse_resume(view)
+        pipe = pipeline or recorded_pipeline(view)
+        graph, cache = resume_inputs(pipe, view, st)
     return continue_run(pipe, view, st, settings=settings, executor=executor, wait=wait,
-                        progress=progress, cancel_event=cancel_event)
+                        progress=progress, cancel_event=cancel_event, graph=graph,
+                        cache=cache)
 
 
 def plan_resume(run_id: str, *, store: StoreArg = None) -> list[tuple[str, str, str]]:
@@ -204,11 +210,12 @@ def head(run: Run) -> RunView:
 def view(run: Run, *, summed_above: int | None = None, upstream: bool = False) -> RunView:
     """The run as readers see it; with ``summed_above`` a store that can sum a run
     of more tasks than that per task name (the DuckDB store's ``summarize``) does."""
-    if summed_above is not None:
-        found: RunView | None = summarize(run.store, run.run_id, min_tasks=summed_above)
-        if found is not None:
-            return found
-    return read_run(run.store, run.run_id, upstream=upstream)
+    with reading(run.store):    # a small run: summarize declines, then one read
+        if summed_above is not None:
+            found: RunView | None = summarize(run.store, run.run_id, min_tasks=summed_above)
+            if found is not None:
+                return found
+        return read_run(run.store, run.run_id, upstream=upstream)
 
 
 def decisions(run: Run) -> list[dict[str, Any]]:

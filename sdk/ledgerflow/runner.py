@@ -24,7 +24,6 @@ propagation carrier to each attempt it saw start (``ledgerflow_job_carrier``).
 from __future__ import annotations
 
 import heapq
-import inspect
 import json
 import logging
 import os
@@ -37,12 +36,12 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from . import outcomes
 from ._gc import quiet_gc
-from .approval import APPROVED, EXPIRED, REJECTED, Approval, Decision, summarize, task_digest
-from .attempt_log import call_records, logged_calls, logged_steps
+from .approval import task_digest
+from .attempt_log import logged_calls, logged_steps
 from .config import Settings
 from .errors import (
-    ApprovalConflictError,
     InvalidTransitionError,
     LeaseLostError,
     PipelineError,
@@ -56,15 +55,13 @@ from .executor import (
     queue_ahead,
     runs_in_driver,
 )
+from .gates import Gates, Pass, Refuse, Verdict, Wait
 from .graph import Graph
 from .keys import fingerprint_base, finish_fingerprint
 from .observers import Change, Observers
 from .plan import UNSET, Instance, Plan
 from .records import (
     FORMAT_VERSION,
-    ApprovalDecided,
-    ApprovalRequested,
-    ArtifactRecorded,
     AttemptEnded,
     DriverHeader,
     LogRecorded,
@@ -73,7 +70,6 @@ from .records import (
     ResultRecorded,
     RunDefined,
     RunStateChanged,
-    StepRecorded,
     TaskCreated,
     Transition,
 )
@@ -85,6 +81,7 @@ from .states import (
     IN_FLIGHT,
     NOT_STARTED,
     TERMINAL,
+    Outcome,
     RunState,
     TaskState,
     check_restored,
@@ -92,7 +89,6 @@ from .states import (
     transition,
 )
 from .store import CacheHit, Lease, RunStore, lease_probe, reading, worker_folders
-from .task import MapRef, TaskRef
 from .views import RunView, TaskRow
 
 log = logging.getLogger("ledgerflow")
@@ -103,6 +99,8 @@ _RETRY_WAIT, _CANCELLING = _T.RETRY_WAIT.value, _T.CANCELLING.value
 _SUCCEEDED, _FAILED, _CANCELLED = _T.SUCCEEDED.value, _T.FAILED.value, _T.CANCELLED.value
 _UPSTREAM_FAILED = _T.UPSTREAM_FAILED.value
 _WAITING_APPROVAL = _T.WAITING_APPROVAL.value
+_ERROR, _CANCELLED_O, _LOST = (Outcome.ERROR.value, Outcome.CANCELLED.value,
+                               Outcome.LOST.value)
 _NO_STEPS: dict[str, tuple[str, str]] = {}
 _TERMINAL = frozenset(s.value for s in TERMINAL)
 _FAILED_LIKE = frozenset(s.value for s in FAILED_LIKE)
@@ -169,13 +167,7 @@ class Runner:
         self.inline_when_alone = inline_when_alone(executor)
         self.echo = settings.logs
         self.wait_approvals = settings.wait_approvals
-        #: approval gates: decisions by digest, requests recorded (deadline, on_timeout),
-        #: open gates by task key, decisions already journaled, each task's last request
-        self.decided: dict[str, dict[str, Any]] = {}
-        self.requested: dict[str, tuple[float | None, str]] = {}
-        self.gates: dict[str, tuple[Instance, str, float | None, str]] = {}
-        self.journaled: set[str] = set()
-        self.latest_request: dict[str, str] = {}
+        self.gates = Gates()        # approval gates: what they decide, the runner applies
         self.steps: dict[str, dict[str, tuple[str, str]]] = {}
         self.folders: tuple[str, str] | None = worker_folders(store, run_id)
         #: the store's optional lease-loss probe (see :meth:`_check_lease`)
@@ -270,9 +262,9 @@ class Runner:
             self._note(inst.key, inst.attempt, "result_missing",
                        f"its result file {row.result_uri} is gone; the task runs again")
         if decision.lost:
-            self._attempt_ended(AttemptEnded(inst.key, inst.attempt, "lost", row.started_at,
-                                         time.time(), "",
-                                         "the driving process died while the attempt ran", ""))
+            self._journal([AttemptEnded(inst.key, inst.attempt, _LOST, row.started_at,
+                                        time.time(), "",
+                                        "the driving process died while the attempt ran", "")])
             self._recover_calls(inst.key, inst.attempt)
         for target, reason in decision.moves:
             self._move(inst, target.value, reason, resume=True)
@@ -284,17 +276,6 @@ class Runner:
         reported (lost with its process): they were kept in its call log as made."""
         if self.folders is not None:
             self.buf += logged_calls(self.folders[1], key, attempt)
-
-    def _calls_records(self, key: str, attempt: int, c: Completion) -> None:
-        """Records of the model calls, tool calls and notices an attempt reported."""
-        self.buf += call_records(key, attempt, c.model_calls, c.tool_calls,
-                                 [{"kind": k, "message": m, "ts": t} for k, m, t in c.notices])
-
-    def _attempt_ended(self, record: AttemptEnded) -> None:
-        """Record how an attempt ended (observers hear of it after the commit)."""
-        self.buf.append(record)
-        if self.observers.hears_attempts:
-            self.ended.append(record)
 
     def _note(self, key: str, attempt: int, kind: str, message: str) -> None:
         log.warning("run %s task %s attempt %d: %s", self.run_id, key, attempt, message)
@@ -359,9 +340,7 @@ class Runner:
                     restored.append(inst)
                     continue
                 if inst.state == _WAITING_APPROVAL:      # its gate stays open
-                    dg = self.latest_request.get(inst.key, "")
-                    deadline, on_timeout = self.requested.get(dg, (None, "fail"))
-                    self.gates[inst.key] = (inst, dg, deadline, on_timeout)
+                    self.gates.reopen(inst)
                     continue
             failed_up = self.plan.link(inst)
             if inst.state == _READY:
@@ -404,7 +383,7 @@ class Runner:
             self._check_lease()
             if not self.cancelling and self._cancel_seen():
                 self._start_cancel("cancel requested")
-            elif self.gates and not self.cancelling:
+            elif self.gates.open and not self.cancelling:
                 self._poll_gates()
 
     def _loop(self) -> str:
@@ -425,10 +404,10 @@ class Runner:
                 continue
             if self.active <= 0 and self.inflight == 0 and not self.ready:
                 break
-            if self.gates and not self.wait_approvals and not self.cancelling \
+            if self.gates.open and not self.wait_approvals and not self.cancelling \
                     and self.inflight == 0 and not self.ready and not self._retries_due():
                 self._poll_gates()          # a decision may be there already
-                if not self.ready and self.gates:
+                if not self.ready and self.gates.open:
                     return self._finish_waiting()
                 continue
             if self.cancelling and self.inflight == 0:
@@ -527,7 +506,7 @@ class Runner:
                 self._unlock(inst)
                 return
         if opts.approve is not None and not self._gate_passed(inst, literals, ups):
-            return
+            return      # it waits, or failed
         inst.attempt += 1
         inst.used += 1
         self.next_job += 1
@@ -535,7 +514,7 @@ class Runner:
                   attempt=inst.attempt, fn=node.task, args=args, kwargs=kwargs,
                   timeout=opts.timeout, task_name=node.task.name,  # idempotency key: lazily
                   echo=self.echo, code_version=node.task.version,
-                  approvals=self._decisions_for(inst.key) if self.decided else {},
+                  approvals=self.gates.decisions_for(inst.key),
                   steps=self._steps_for(inst),
                   ledger_folder=self.folders[0] if self.folders else None,
                   run_folder=self.folders[1] if self.folders else None)
@@ -555,7 +534,7 @@ class Runner:
         if inst is None:
             return      # timed out before it could start
         if inst.state != _RUNNING:      # cancelled before it could start: nothing ran
-            self._on_complete(Completion(job.id, "cancelled", has_value=False))
+            self._on_complete(Completion(job.id, _CANCELLED_O, has_value=False))
             return
         if self.observers.carrier_hook is not None:
             job.carrier = self.observers.carrier(job)
@@ -563,7 +542,7 @@ class Runner:
                               and self.inflight == 1 and not self.ready):
             c = execute(job, self._cancel_seen)
             self._check_lease()
-            if c.outcome == "cancelled" and not self.cancelling and self._cancel_seen():
+            if c.outcome == _CANCELLED_O and not self.cancelling and self._cancel_seen():
                 self._start_cancel("cancel requested")   # running -> cancelling first
             self._on_complete(c)
             return
@@ -571,7 +550,7 @@ class Runner:
             self.executor.submit(job)
         except Exception as exc:  # executor refused (e.g. unpicklable function)
             now = time.time()
-            self._on_complete(Completion(job.id, "error", error=exc,
+            self._on_complete(Completion(job.id, _ERROR, error=exc,
                                          error_type=type(exc).__name__,
                                          error_message=f"executor could not start it: {exc}",
                                          started_at=now, ended_at=now, has_value=False))
@@ -582,88 +561,26 @@ class Runner:
         gate = inst.node.task.options.approve
         assert gate is not None
         dg = task_digest(self.run_id, inst.key, inst.node.task.version, literals, ups)
-        dec = self.decided.get(dg)
-        if dec is None:
-            inputs = {u.key: u.hash or "" for u in inst.up} if inst.up else {}
-            self._request(inst, dg, gate.action or "run", self._summary(inst), inputs, gate)
+        return self._apply_gate(inst, self.gates.check(inst, dg, gate))
+
+    def _apply_gate(self, inst: Instance, verdict: Verdict) -> bool:
+        """Apply what a gate decided (see :mod:`ledgerflow.gates`); True if it passed."""
+        if verdict.record is not None:
+            self.buf.append(verdict.record)
+        if isinstance(verdict, Wait):
+            self._move(inst, _WAITING_APPROVAL, verdict.reason)
             return False
-        if dec["decision"] != APPROVED:
-            self._refused(inst, dec)
+        if isinstance(verdict, Refuse):
+            self._give_up(inst, verdict.reason)
             return False
-        self._journal_decision(dec)
         return True
-
-    def _summary(self, inst: Instance) -> str:
-        node = inst.node
-        names = list(inspect.signature(node.task.fn).parameters)
-        shown = [f"<result of {a.key}>" if isinstance(a, (TaskRef, MapRef)) else a
-                 for a in node.args]
-        kwargs = {k: (f"<result of {v.key}>" if isinstance(v, (TaskRef, MapRef)) else v)
-                  for k, v in node.kwargs.items()}
-        if node.is_map:
-            shown = [inst.item if inst.has_item else f"<item of {node.source.key}>"]
-        return summarize(names, shown, kwargs)
-
-    def _request(self, inst: Instance, dg: str, action: str, summary: str,
-                 inputs: dict[str, str], gate: Approval) -> None:
-        """Open a gate: record the request (once per digest) and wait for a decision."""
-        now = time.time()
-        deadline = now + gate.timeout if gate.timeout is not None else None
-        known = self.requested.get(dg)
-        if known is None:
-            self.buf.append(ApprovalRequested(inst.key, inst.attempt, dg, action, summary,
-                                              inputs, now, deadline, gate.on_timeout,
-                                              list(gate.approvers), gate.note))
-            self.requested[dg] = (deadline, gate.on_timeout)
-        else:
-            deadline = known[0]
-        self._move(inst, _WAITING_APPROVAL, f"approval of {action!r} requested ({dg[:12]})")
-        self.gates[inst.key] = (inst, dg, deadline, gate.on_timeout)
 
     def _poll_gates(self) -> None:
         """Apply decisions (from any process) and deadlines to the open gates."""
-        for d in self.store.approval_decisions(self.run_id):
-            self.decided.setdefault(d["digest"], d)
-        now = time.time()
-        for key, (inst, dg, deadline, on_timeout) in list(self.gates.items()):
-            dec = self.decided.get(dg)
-            if dec is None and deadline is not None and now >= deadline:
-                verdict = EXPIRED if on_timeout == "fail" else REJECTED
-                try:
-                    dec = self.store.decide(self.run_id, key, dg, verdict,
-                                            "ledgerflow (deadline)",
-                                            "no decision before the deadline")
-                except ApprovalConflictError:     # decided meanwhile by someone
-                    continue
-                self.decided[dg] = dec
-            if dec is None:
-                continue
-            del self.gates[key]
-            if dec["decision"] == APPROVED:
-                self._journal_decision(dec)
-                self._move(inst, _READY, f"approved by {dec['decided_by']}")
+        for inst, verdict in self.gates.poll(self.store, self.run_id):
+            if self._apply_gate(inst, verdict) and isinstance(verdict, Pass):
+                self._move(inst, _READY, f"approved by {verdict.by}")
                 self.ready.append(inst)
-            else:
-                self._refused(inst, dec)
-
-    def _refused(self, inst: Instance, dec: dict[str, Any]) -> None:
-        self._journal_decision(dec)
-        self.gates.pop(inst.key, None)
-        why = dec["decision"] if dec["decision"] != EXPIRED else "expired"
-        self._give_up(inst, f"{why}: {dec.get('reason') or 'no reason given'} "
-                            f"(by {dec.get('decided_by')})")
-
-    def _journal_decision(self, dec: dict[str, Any]) -> None:
-        if dec["digest"] not in self.journaled:
-            self.journaled.add(dec["digest"])
-            self.buf.append(ApprovalDecided(dec["task_key"], dec["digest"], dec["decision"],
-                                            dec.get("decided_by") or "", dec.get("reason") or "",
-                                            float(dec.get("decided_at") or time.time())))
-
-    def _decisions_for(self, key: str) -> dict[str, Decision]:
-        return {dg: Decision(d["decision"], d.get("decided_by") or "", d.get("reason") or "",
-                             float(d.get("decided_at") or 0), dg)
-                for dg, d in self.decided.items() if d["task_key"] == key}
 
     def _steps_for(self, inst: Instance) -> dict[str, tuple[str, str]]:
         """Steps recorded for a task: at attempt ends, and (for attempts that never
@@ -677,23 +594,13 @@ class Runner:
 
     def _load_signals(self) -> None:
         """What a prior drive recorded: requests, decisions and step results."""
-        for r in self.store.approvals(self.run_id):
-            self.requested[r["digest"]] = (r["deadline"], r["on_timeout"])
-            if r["state"] != "pending":
-                self.decided[r["digest"]] = {
-                    "task_key": r["task_key"], "digest": r["digest"], "decision": r["state"],
-                    "decided_by": r["decided_by"], "reason": r["reason"],
-                    "decided_at": r["decided_at"]}
-            if r["current"]:
-                self.latest_request[r["task_key"]] = r["digest"]
-        for d in self.store.approval_decisions(self.run_id):
-            self.decided.setdefault(d["digest"], d)
+        self.gates.load(self.store, self.run_id)
         for st in self.store.steps(self.run_id):
             self.steps.setdefault(st["task_key"], {})[st["name"]] = (st["kind"], st["data"])
 
     def _finish_waiting(self) -> str:
         """Nothing can run until a person decides: stop driving, the run ``waiting``."""
-        self._move_run(RunState.WAITING, f"{len(self.gates)} approval(s) pending")
+        self._move_run(RunState.WAITING, f"{len(self.gates.open)} approval(s) pending")
         self._commit()
         return RunState.WAITING.value
 
@@ -763,90 +670,98 @@ class Runner:
         del self.jobs[job_id]
         self.inflight -= 1
         self.timed_out[job_id] = (inst.key, inst.attempt)
-        limit = inst.node.task.options.timeout
+        opts = inst.node.task.options
+        limit = opts.timeout
         assert limit is not None
-        self._attempt_ended(AttemptEnded(inst.key, inst.attempt, "timeout", None, time.time(),
-                                     "TimeoutError",
-                                     f"no result within {limit:g}s; attempt abandoned", ""))
+        self._journal([outcomes.timed_out(inst.key, inst.attempt, limit, None, time.time(),
+                                          f"no result within {limit:g}s; attempt abandoned")])
         try:
             self.executor.cancel(job_id, reason="timeout")
         except Exception:
             log.exception("executor.cancel failed")
-        self._retry_or_fail(inst, f"attempt {inst.attempt} timed out after {limit:g}s", None)
+        self._apply(inst, outcomes.retry_or_fail(
+            opts, inst.used, f"attempt {inst.attempt} timed out after {limit:g}s", None,
+            self.rand))
 
     def _complete(self, c: Completion) -> None:
+        """Apply an attempt's report: journal what it did, then move its task."""
         inst = self.jobs.pop(c.job_id, None)
         if inst is None:
-            late = self.timed_out.get(c.job_id)
-            if late is not None:
-                self._note(late[0], late[1], "late_result_rejected",
-                           f"result ({c.outcome}) arrived after the attempt timed out; "
-                           "rejected, not applied")
-                # what it spent is real all the same: its calls and notices are kept
-                self._calls_records(late[0], late[1], c)
-            elif 0 < c.job_id <= len(self.job_task):   # neither running nor timed out: done
-                self._note(self.job_task[c.job_id - 1].key, self.job_attempt[c.job_id - 1],
-                           "duplicate_result_rejected",
-                           f"a second report ({c.outcome}) for an attempt already finished; "
-                           "rejected")
-            else:
-                log.warning("run %s: report for unknown job %d ignored", self.run_id, c.job_id)
+            self._stray(c)
             return
         self.inflight -= 1
         inst.job = None
-        if c.log:
-            self.buf.append(LogRecorded(inst.key, inst.attempt, "output", c.log,
-                                        c.log_dropped))
-        limit = inst.node.task.options.timeout
-        if limit is not None and c.outcome == "ok" and c.ended_at - c.started_at > limit \
-                and inst.state == _RUNNING:
-            # it ran past its deadline before the timer could fire (e.g. inline): the
-            # attempt timed out and its result is late, so it is rejected, not applied
-            self._attempt_ended(AttemptEnded(inst.key, inst.attempt, "timeout", c.started_at,
-                                         c.ended_at, "TimeoutError",
-                                         f"no result within {limit:g}s", ""))
-            self._note(inst.key, inst.attempt, "late_result_rejected",
-                       f"result arrived after {c.ended_at - c.started_at:.3g}s, past the "
-                       f"{limit:g}s timeout; rejected, not applied")
-            self._retry_or_fail(inst, f"attempt {inst.attempt} timed out after {limit:g}s",
-                                None)
+        opts = inst.node.task.options
+        if outcomes.ran_late(inst.state, opts, c):
+            assert opts.timeout is not None
+            if c.log:
+                self.buf.append(LogRecorded(inst.key, inst.attempt, "output", c.log,
+                                            c.log_dropped))
+            self._journal(outcomes.late_records(inst.key, inst.attempt, opts.timeout, c))
+            self._apply(inst, outcomes.retry_or_fail(
+                opts, inst.used, f"attempt {inst.attempt} timed out after {opts.timeout:g}s",
+                None, self.rand))
             return
-        self._attempt_ended(AttemptEnded(inst.key, inst.attempt, c.outcome, c.started_at,
-                                     c.ended_at, c.error_type, c.error_message, c.traceback))
-        self._calls_records(inst.key, inst.attempt, c)
+        self._journal(outcomes.reported(inst.key, inst.attempt, c))
         if c.steps:
             recorded = self.steps.setdefault(inst.key, {})
-            for name, kind, data, step_hash in c.steps:
+            for name, kind, data, _ in c.steps:
                 recorded[name] = (kind, data)
-                self.buf.append(StepRecorded(inst.key, inst.attempt, name, kind, data,
-                                             step_hash))
-        for direction, uri, chash, attrs in c.lineage:
-            self.buf.append(ArtifactRecorded(inst.key, inst.attempt, direction, uri, chash,
-                                             attrs))
-        if c.outcome == "ok":
-            self._succeed(inst, c)
-        elif c.outcome == "waiting" and c.approval is not None and inst.state == _RUNNING:
-            inst.used -= 1                  # waiting at a gate uses no attempt of the budget
-            req = c.approval
-            gate = Approval(timeout=req["timeout"], on_timeout=req["on_timeout"],
-                            approvers=tuple(req["approvers"]), note=req["note"])
-            self._request(inst, req["digest"], req["action"], req["summary"], {}, gate)
-            if req["digest"] in self.decided:         # decided already: apply it now
-                self._poll_gates()
-        elif inst.state == _CANCELLING:
-            if c.outcome in ("cancelled", "lost"):
-                self._move(inst, _CANCELLED, "executor confirmed it stopped")
-                self.cancelled_tasks += 1
-            else:
-                self._move(inst, _FAILED, f"{c.error_type}: {c.error_message}")
-                self.failed_tasks += 1
-            self.plan.failed(inst)
-        elif c.outcome == "cancelled":
-            self._retry_or_fail(inst, "attempt stopped itself (cancelled)", None)
+        self._apply(inst, outcomes.settle(inst.state, opts, inst.used, c, self.rand), c)
+
+    def _stray(self, c: Completion) -> None:
+        """A report for no running attempt: late after a timeout, a duplicate, or unknown."""
+        late = self.timed_out.get(c.job_id)
+        if late is not None:
+            self._note(late[0], late[1], "late_result_rejected",
+                       f"result ({c.outcome}) arrived after the attempt timed out; "
+                       "rejected, not applied")
+            self.buf += outcomes.spent(late[0], late[1], c)     # what it spent is real
+        elif 0 < c.job_id <= len(self.job_task):   # neither running nor timed out: done
+            self._note(self.job_task[c.job_id - 1].key, self.job_attempt[c.job_id - 1],
+                       "duplicate_result_rejected",
+                       f"a second report ({c.outcome}) for an attempt already finished; "
+                       "rejected")
         else:
-            reason = (f"{c.error_type}: {c.error_message}" if c.outcome == "error"
-                      else f"attempt {c.outcome}: {c.error_message}")
-            self._retry_or_fail(inst, reason, c.error)
+            log.warning("run %s: report for unknown job %d ignored", self.run_id, c.job_id)
+
+    def _journal(self, records: list[Record]) -> None:
+        """Buffer records for the next commit; attempts ended are told to observers
+        after it, and a rejected late result is logged."""
+        self.buf += records
+        for r in records:
+            if type(r) is AttemptEnded:
+                if self.observers.hears_attempts:
+                    self.ended.append(r)
+            elif type(r) is Notice and r.kind == "late_result_rejected":
+                log.warning("run %s task %s attempt %d: %s", self.run_id, r.task_key,
+                            r.attempt, r.message)
+
+    def _apply(self, inst: Instance, move: outcomes.Move, c: Completion | None = None) -> None:
+        """Apply a move of the completion policy (:mod:`ledgerflow.outcomes`)."""
+        target = move.target
+        if target == _SUCCEEDED:
+            assert c is not None
+            self._succeed(inst, c)
+        elif target == _RETRY_WAIT:
+            assert move.retry_in is not None
+            self._move(inst, _RETRY_WAIT, move.reason)
+            self._timer(time.monotonic() + move.retry_in, "retry", inst)
+        elif target == _WAITING_APPROVAL:
+            assert c is not None and c.approval is not None
+            inst.used -= 1                  # waiting at a gate uses no attempt of the budget
+            self._apply_gate(inst, self.gates.ask_in_task(inst, c.approval))
+            if self.gates.is_decided(c.approval["digest"]):     # decided already: apply it now
+                self._poll_gates()
+        elif target == _FAILED and move.downstream:
+            self._give_up(inst, move.reason)
+        else:       # settled while the run cancels: its dependents are cancelled already
+            self._move(inst, target, move.reason)
+            if target == _FAILED:
+                self.failed_tasks += 1
+            else:
+                self.cancelled_tasks += 1
+            self.plan.failed(inst)
 
     def _succeed(self, inst: Instance, c: Completion) -> None:
         enc = c.encoded
@@ -874,18 +789,6 @@ class Runner:
             self._adopt(created)
         if ready:
             self._release(ready)
-
-    def _retry_or_fail(self, inst: Instance, reason: str, exc: BaseException | None) -> None:
-        # only running attempts get here: a cancel moves every running task to
-        # "cancelling" first, and _complete settles those itself
-        opts = inst.node.task.options
-        if opts.retryable(exc) and inst.used <= opts.retries:
-            delay = opts.delay(inst.used, self.rand.random())
-            self._move(inst, _RETRY_WAIT, f"{reason}; retry in {delay:.3g}s")
-            self._timer(time.monotonic() + delay, "retry", inst)
-            return
-        why = reason if opts.retryable(exc) else f"{reason} (not retryable)"
-        self._give_up(inst, why)
 
     def _give_up(self, inst: Instance, reason: str) -> None:
         self._move(inst, _FAILED, reason)
