@@ -127,17 +127,57 @@ def _call(fn: Callable[..., Any], *args: object, **kwargs: object) -> Any:
     return fn(*args, **{k: v for k, v in kwargs.items() if v is not None})
 
 
+#: The longest reason a decision may carry (it is stored with the decision).
+MAX_REASON = 2000
+#: The fields a decision may have: anything else is a mistake of the caller.
+_FIELDS = frozenset({"task_key", "digest", "reason", "as"})
+
+
+def _text(body: Mapping[str, Any], name: str, verb: str, limit: int) -> str | None:
+    """``body[name]``: absent/null, or a string of printable text at most ``limit`` long.
+
+    Raises:
+        InputError: any other JSON type (an object, a number, a list...), control
+            characters, or a longer text: answered 400, nothing is recorded.
+    """
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InputError(f"{verb}: {name} must be a string, given a JSON "
+                         f"{_json_type(value)}", hint=f'send {{"{name}": "..."}}')
+    if len(value) > limit:
+        raise InputError(f"{verb}: {name} is {len(value):,} characters, more than {limit:,}",
+                         hint=f"shorten the {name}")
+    if any((ord(c) < 32 and c not in "\t\n") or ord(c) == 127 for c in value):
+        raise InputError(f"{verb}: {name} holds control characters",
+                         hint=f"send plain text as the {name}")
+    return value
+
+
+def _json_type(value: object) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    return {dict: "object", list: "array", int: "number", float: "number"}.get(
+        type(value), type(value).__name__)
+
+
 def _decide(ledger: Ledger, run_id: str, body: Mapping[str, Any], verb: str) -> dict[str, Any]:
+    unknown = sorted(set(body) - _FIELDS)
+    if unknown:
+        raise InputError(f"{verb}: unknown field(s) {', '.join(map(repr, unknown))}",
+                         hint="send only " + ", ".join(sorted(_FIELDS)))
     fn = getattr(ledgerflow, verb, None)
     if not callable(fn):
         raise ActionUnsupported(f"this ledgerflow has no {verb}() yet",
                                 hint=f"use: pipeline {verb} RUN_ID TASK_KEY, or upgrade")
     task_key = body.get("task_key")
     if not isinstance(task_key, str) or not task_key:
-        raise InputError(f"{verb} needs the task_key of the request",
+        raise InputError(f"{verb} needs the task_key of the request as a string",
                          hint='send {"task_key": "...", "digest": "..."}')
-    digest = body.get("digest")
-    reason = body.get("reason")
+    digest = _text(body, "digest", verb, 200)
+    reason = _text(body, "reason", verb, MAX_REASON)
+    _text(body, "as", verb, 200)
     if verb == "approve" and not digest:
         raise InputError("approve needs the digest of what is approved",
                          hint="copy it from the approvals table: pipeline approvals RUN_ID")
