@@ -383,6 +383,8 @@ def doc_index(source: str = CORPUS, index: str = "index.duckdb", embedder: str =
 
     Args:
         source: folder (searched recursively) or single file; default: the bundled corpus.
+            A missing one is refused while the body is traced (exit 2), so the run
+            never starts and no index file is created (a resume checks it again).
         index: the index file (created on first run).
         embedder: an installed embedder name: ``hashing`` (fast, lexical) or ``minilm``.
         chunk_size: maximum characters per chunk (a longer single word is kept whole).
@@ -395,6 +397,11 @@ def doc_index(source: str = CORPUS, index: str = "index.duckdb", embedder: str =
             poppler-utils).
         confirm_prune: ask a person before deleting documents from the index.
     """
+    if not Path(source).expanduser().exists():   # refused before anything is created
+        raise InputError(f"source {source!r} does not exist "
+                         f"(looked in {Path(source).expanduser().absolute()})",
+                         hint="pass a folder or file of documents: -p source=DOCS "
+                              "(without -p source: the bundled corpus)")
     try:
         text.check_chunk_params(int(chunk_size), int(overlap))
     except ValueError as exc:
