@@ -59,7 +59,8 @@ def file_hash(path: Path, block: int = 1 << 20) -> str:
 # --------------------------------------------------------------------------- discover
 
 
-def discover_documents(source: str | Path, exclude: Sequence[str] = ()) -> list[dict[str, str]]:
+def discover_documents(source: str | Path, exclude: Sequence[str] = (), *,
+                       skipped: list[tuple[str, str]] | None = None) -> list[dict[str, str]]:
     """List the supported documents under ``source`` (recursively), sorted by id.
 
     Each entry is ``{"doc_id", "path", "content_hash", "format"}``: ``doc_id`` is
@@ -68,6 +69,11 @@ def discover_documents(source: str | Path, exclude: Sequence[str] = ()) -> list[
     Hidden files and folders (name starting with ``.``) are skipped, as are
     paths matching one of the ``exclude`` glob patterns (matched against the
     ``doc_id`` and the file name).
+
+    A symlink whose target is outside ``source`` (``notes.txt -> /etc/passwd``)
+    is skipped, and added to ``skipped`` as ``(doc_id, target)``: only files
+    inside the folder are indexed. A symlink to a file inside it is listed;
+    symlinked folders are not descended into.
 
     Raises:
         FileNotFoundError: ``source`` does not exist.
@@ -88,6 +94,10 @@ def discover_documents(source: str | Path, exclude: Sequence[str] = ()) -> list[
             continue
         if any(fnmatch.fnmatch(doc_id, pat) or fnmatch.fnmatch(path.name, pat)
                for pat in exclude):
+            continue
+        if path != root and not path.resolve().is_relative_to(root):
+            if skipped is not None:
+                skipped.append((doc_id, str(path.resolve())))
             continue
         docs.append({"doc_id": doc_id, "path": str(path), "content_hash": file_hash(path),
                      "format": fmt})

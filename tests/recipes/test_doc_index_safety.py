@@ -1,4 +1,4 @@
-"""The recipe's first hour and its safety: a missing source is refused before the run."""
+"""The recipe's first hour and its safety: a missing source, symlinks out of the folder."""
 
 from __future__ import annotations
 
@@ -7,11 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import doc_index_text as text
 import pytest
-from doc_index_testutil import PIPELINE_FILE
+from doc_index_testutil import PIPELINE_FILE, rows
 
 import ledgerflow
 from ledgerflow.errors import InputError
+from ledgerflow_docindex.search import search
+
+SMALL = {"chunk_size": 80, "overlap": 0}
 
 
 def _cli(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -42,3 +46,43 @@ def test_a_missing_source_is_refused_from_python_too(tmp_path: Path) -> None:
         ledgerflow.run(str(PIPELINE_FILE), source=str(tmp_path / "gone"),
                        index=str(tmp_path / "idx.duckdb"), store=str(tmp_path / "l.duckdb"))
     assert not (tmp_path / "idx.duckdb").exists()
+
+
+# --------------------------------------------------------------------------- symlinks
+
+
+def _folder_with_symlinks(tmp_path: Path) -> Path:
+    src, outside = tmp_path / "docs", tmp_path / "outside"
+    src.mkdir()
+    outside.mkdir()
+    (src / "a.txt").write_text("Notes on alpha particles.\n\nMore about helium nuclei.\n")
+    (outside / "secret.txt").write_text("The zebracorn password is hunter2.\n")
+    (src / "leak.txt").symlink_to(outside / "secret.txt")    # out of the folder: skipped
+    (src / "inside.txt").symlink_to(src / "a.txt")           # inside the folder: indexed
+    if Path("/etc/passwd").exists():
+        (src / "passwd.txt").symlink_to("/etc/passwd")
+    return src
+
+
+def test_discover_skips_symlinks_out_of_the_folder(tmp_path: Path) -> None:
+    src = _folder_with_symlinks(tmp_path)
+    skipped: list[tuple[str, str]] = []
+    docs = text.discover_documents(src, skipped=skipped)
+    assert [d["doc_id"] for d in docs] == ["a.txt", "inside.txt"]
+    expected = [("leak.txt", str((tmp_path / "outside" / "secret.txt").resolve()))]
+    if Path("/etc/passwd").exists():
+        expected.append(("passwd.txt", str(Path("/etc/passwd").resolve())))
+    assert sorted(skipped) == sorted(expected)
+
+
+def test_a_symlink_to_a_file_outside_the_source_is_not_indexed(tmp_path: Path) -> None:
+    src, index = _folder_with_symlinks(tmp_path), tmp_path / "index.duckdb"
+    run = ledgerflow.run(str(PIPELINE_FILE), source=str(src), index=str(index),
+                         store=str(tmp_path / "l.duckdb"), **SMALL)
+    assert run.state == "succeeded"
+    assert {doc for doc, *_ in rows(index)} == {"a.txt", "inside.txt"}
+    assert search(index, "zebracorn password hunter2", k=5, mode="keyword") == []
+    assert all(h.doc_id != "passwd.txt" for h in search(index, "root bin bash", k=5))
+    log = "".join(entry["text"] for entry in run.logs("discover"))
+    assert (f"skipped leak.txt: a symlink to {(tmp_path / 'outside' / 'secret.txt').resolve()}"
+            ", outside the source folder (not indexed)") in log
