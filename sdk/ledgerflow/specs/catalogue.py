@@ -160,8 +160,35 @@ def _module_by_path(mod: str, folder: str | None) -> ModuleType:
     raise FileNotFoundError(mod)
 
 
-def resolve(ref: str, folder: str | None = None) -> Task[..., Any] | Unresolved:
+def find_module(name: str, folder: str | None = None) -> ModuleType | Unresolved:
+    """The module a reference names (``mypkg.steps``, or ``steps.py`` from ``folder``),
+    imported; or why it cannot be (its message leaves the reference to the caller)."""
+    try:
+        if name.endswith(".py"):
+            return _module_by_path(name, folder)
+        if folder and folder not in sys.path:
+            sys.path.insert(0, folder)
+        return importlib.import_module(name)
+    except FileNotFoundError:
+        return Unresolved("task.unknown", f"no file {name!r}",
+                          "give the file's path relative to the spec's folder")
+    except InputError as exc:
+        return Unresolved("task.unknown", str(exc), exc.hint or "fix the module")
+    except ImportError as exc:
+        return Unresolved("task.unknown", f"cannot import {name!r} ({exc})",
+                          "check the module name, or use a file path: 'file.py:function'")
+    except Exception as exc:        # the user's module failed while importing
+        return Unresolved("task.unknown", f"importing {name!r} failed: "
+                          f"{type(exc).__name__}: {exc}", "fix the module's import-time error")
+
+
+def resolve(ref: str, folder: str | None = None,
+            modules: dict[str, ModuleType | Unresolved] | None = None
+            ) -> Task[..., Any] | Unresolved:
     """The task ``ref`` names (``module:attr`` or ``file.py:attr``), or why there is none.
+
+    ``modules``: the modules found so far, by name (one check of a spec passes
+    the same dict for every step, so each module is looked up once).
 
     Example:
         >>> isinstance(resolve("nowhere"), Unresolved)
@@ -172,24 +199,14 @@ def resolve(ref: str, folder: str | None = None) -> Task[..., Any] | Unresolved:
         return Unresolved("task.bad_path", f"import path {ref!r} must look like "
                           "'module:function' or 'file.py:function'",
                           "e.g. task = \"mypkg.steps:load\"")
-    try:
-        if mod_name.endswith(".py"):
-            module = _module_by_path(mod_name, folder)
-        else:
-            if folder and folder not in sys.path:
-                sys.path.insert(0, folder)
-            module = importlib.import_module(mod_name)
-    except FileNotFoundError:
-        return Unresolved("task.unknown", f"{ref!r}: no file {mod_name!r}",
-                          "give the file's path relative to the spec's folder")
-    except InputError as exc:
-        return Unresolved("task.unknown", f"{ref!r}: {exc}", exc.hint or "fix the module")
-    except ImportError as exc:
-        return Unresolved("task.unknown", f"{ref!r}: cannot import {mod_name!r} ({exc})",
-                          "check the module name, or use a file path: 'file.py:function'")
-    except Exception as exc:        # the user's module failed while importing
-        return Unresolved("task.unknown", f"{ref!r}: importing {mod_name!r} failed: "
-                          f"{type(exc).__name__}: {exc}", "fix the module's import-time error")
+    found = modules.get(mod_name) if modules is not None else None
+    if found is None:
+        found = find_module(mod_name, folder)
+        if modules is not None:
+            modules[mod_name] = found
+    if isinstance(found, Unresolved):
+        return Unresolved(found.code, f"{ref!r}: {found.message}", found.hint)
+    module = found
     obj = getattr(module, attr, None)
     if obj is None:
         near = difflib.get_close_matches(attr, tasks_of(module), n=3)

@@ -191,8 +191,9 @@ def check(doc: object, *, folder: str | None = None, policy: Policy | None = Non
                     f"[tasks.{key}]\ntask = \"module:function\"")
             continue
         raw[key] = entry
+    modules: dict[str, Any] = {}           # each module a step names, looked up once
     for key, entry in raw.items():
-        step = _check_step(rep, key, entry, raw, folder, only)
+        step = _check_step(rep, key, entry, raw, folder, only, modules)
         if step is not None:
             rep.steps[key] = step
     _check_names(rep)
@@ -236,7 +237,8 @@ def _fitting(s: Step) -> dict[str, Any]:
 
 def _check_step(rep: Report, key: str, entry: Mapping[str, Any],
                 raw: Mapping[str, Mapping[str, Any]], folder: str | None,
-                only: Mapping[str, TaskInfo] | None = None) -> Step | None:
+                only: Mapping[str, TaskInfo] | None = None,
+                modules: dict[str, Any] | None = None) -> Step | None:
     """Check one step's own fields; return it when its task was found."""
     for f in entry:
         if f not in STEP_FIELDS:
@@ -255,7 +257,7 @@ def _check_step(rep: Report, key: str, entry: Mapping[str, Any],
     elif only is not None:
         info = only[ref]
     else:
-        found = resolve(ref, folder)
+        found = resolve(ref, folder, modules)
         if isinstance(found, Unresolved):
             rep.add(step_path(key, "task"), found.code, f"step {key!r}: {found.message}",
                     found.hint)
@@ -307,7 +309,6 @@ def _check_step(rep: Report, key: str, entry: Mapping[str, Any],
                 rep.add(step_path(key, "after", i), "step.type",
                         f"step {key!r}: after[{i}] must name a step, given {json_kind(up)}",
                         'after = ["STEP"]')
-    names = list(raw)
     refs: list[tuple[str, tuple[str | int, ...]]] = []
     if source is not None:
         refs.append((source, ("map",)))
@@ -315,6 +316,7 @@ def _check_step(rep: Report, key: str, entry: Mapping[str, Any],
     refs += [(up, ("after", i)) for i, up in enumerate(good_after)]
     for up, where in refs:
         if up not in raw:
+            names = list(raw)
             rep.add(step_path(key, *where), "ref.unknown",
                     f"step {key!r} depends on unknown task {up!r}: no step has that name",
                     _near(up, names) + "steps: " + ", ".join(names))

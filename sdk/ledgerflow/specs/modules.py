@@ -14,6 +14,10 @@ from typing import Any
 
 from ..errors import InputError
 
+#: The modules imported by path, by resolved file (a spec of 20,000 steps naming one
+#: file finds it here, not by a scan of ``sys.modules`` per step).
+_BY_FILE: dict[str, Any] = {}
+
 
 def load_module(path: str | Path) -> Any:
     """Import a pipeline file by path (its folder goes on ``sys.path``)."""
@@ -27,8 +31,12 @@ def load_module(path: str | Path) -> Any:
     if p.suffix != ".py":
         raise InputError(f"pipeline file must be a .py file, given: {path}",
                          hint="pass a Python module that defines an @pipeline")
-    for mod in list(sys.modules.values()):
+    known = _BY_FILE.get(str(p))
+    if known is not None and sys.modules.get(known.__name__) is known:
+        return known
+    for mod in list(sys.modules.values()):      # e.g. put back in sys.modules by hand
         if getattr(mod, "__ledgerflow_file__", None) == str(p):
+            _BY_FILE[str(p)] = mod
             return mod
     folder = str(p.parent)
     if folder not in sys.path:
@@ -51,6 +59,7 @@ def load_module(path: str | Path) -> Any:
         raise InputError(f"importing {path} failed{where}: {type(exc).__name__}: {exc}",
                          hint="fix the error raised while the module is imported "
                          "(run with --debug for the traceback)") from exc
+    _BY_FILE[str(p)] = module
     return module
 
 
