@@ -134,7 +134,8 @@ def program(name: str, argv: Sequence[str] | str, *, env: Mapping[str, str] | No
     Example:
         >>> from ledgerflow import program
         >>> hello = program("hello", ["echo", "hello {who}"])
-        >>> hello(who="world")["stdout"]
+        >>> hello(who="world")["stdout"]       # the output is echoed to the task's log too
+        hello world
         'hello world\\n'
     """
     if shell:
