@@ -98,6 +98,20 @@ class RunExplanation:
     def by_key(self) -> dict[str, Explanation]:
         return {t.key: t for t in self.tasks}
 
+    def _repr_html_(self, rows: int = 8) -> str:
+        """The notebook display: one row per reason, its first tasks and their detail."""
+        from html import escape
+        head = f"<b>run {escape(self.run_id)}</b> compared with {escape(self.against or 'no earlier run')}"
+        body = []
+        for reason, tasks in self.groups().items():
+            shown = "<br>".join(f"<code>{escape(t.key)}</code> {escape(t.detail)}"
+                                for t in tasks[:rows])
+            more = f"<br>... and {len(tasks) - rows} more" if len(tasks) > rows else ""
+            body.append(f"<tr><td>{escape(reason)}</td><td>{len(tasks)}</td>"
+                        f"<td style='text-align:left'>{shown}{more}</td></tr>")
+        return (f"<div>{head}<table><tr><th>reason</th><th>tasks</th><th>which, and why</th>"
+                f"</tr>{''.join(body)}</table></div>")
+
     def as_json(self) -> dict[str, Any]:
         """The document ``pipeline explain --json`` prints."""
         return {"run_id": self.run_id, "pipeline": self.pipeline, "against": self.against,
@@ -152,7 +166,7 @@ class _Why:
         for e in events:
             reason = e.get("reason") or ""
             if e["to_state"] == "succeeded" and reason.startswith(_CACHED):
-                self.cached_key[e["task_key"]] = reason[len(_CACHED):].rpartition("/")[2]
+                self.cached_key[e["task_key"]] = reason[len(_CACHED):].partition("/")[2]
             elif e["to_state"] == "running" and _VERIFY in reason:
                 self.rejected[e["task_key"]] = reason[reason.index(_VERIFY):]
         self.failures: dict[str, list[str]] = {}

@@ -81,7 +81,39 @@ def effects(n: int = 1) -> int:
     return square(fragile(v))
 
 
-@pytest.fixture(params=["duckdb", "postgres"])
+ATTEMPTS: dict[str, int] = {}
+
+
+@task(retries=1, retry_delay=0)
+def flaky(v: int) -> int:
+    ATTEMPTS["flaky"] = ATTEMPTS.get("flaky", 0) + 1
+    if ATTEMPTS["flaky"] == 1:
+        raise RuntimeError("first try fails")
+    return v
+
+
+@task
+def double(item: dict[str, int]) -> int:
+    return 2 * item["v"]
+
+
+@task
+def total(xs: list[int]) -> int:
+    return sum(xs)
+
+
+@pipeline
+def fanout(vs: list[int] = [1, 2, 3]) -> int:  # noqa: B006  (a literal default, never mutated)
+    items = [{"id": i, "v": v} for i, v in enumerate(vs)]
+    return total(double.map(items, key="id"))
+
+
+@pipeline
+def retrying(n: int = 1) -> int:
+    return flaky(n)
+
+
+@pytest.fixture(params=["duckdb", pytest.param("postgres", marks=pytest.mark.postgres)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     FLAGS.update(fail=False, verified=True)
     if request.param == "duckdb":
@@ -169,7 +201,8 @@ def test_the_command_groups_by_reason_and_prints_json(tmp_path: Path) -> None:
         return subprocess.run([sys.executable, "-m", "ledgerflow", *args], cwd=tmp_path,
                               env=env, capture_output=True, text=True, timeout=120)
 
-    assert cli("run", str(flow)).returncode == 0
+    first = cli("run", str(flow))
+    assert first.returncode == 0
     done = cli("run", str(flow), "-p", "k=2")
     assert done.returncode == 0
     run_id = done.stdout.split()[1]
@@ -177,10 +210,52 @@ def test_the_command_groups_by_reason_and_prints_json(tmp_path: Path) -> None:
     assert text.returncode == 0, text.stderr
     assert "reused (cache hit): 12" in text.stdout
     assert "ran: new task: 2" in text.stdout
-    assert "... and 4 more (4 double; --all lists them)" in text.stdout
+    assert f"  from {first.stdout.split()[1]}: 12 double (--all lists them)" in text.stdout
+    assert text.stdout.index("ran: new task") < text.stdout.index("reused")
+    assert "double[13]  ran: new, no task 'double[13]' in" in text.stdout
+    every = cli("explain", run_id, "--all").stdout
+    assert "  double[11]  cache hit: the result of " in every
     doc = json.loads(cli("explain", run_id, "--json").stdout)
     assert doc["counts"] == {"cached": 12, "new": 2}
     assert len(doc["tasks"]) == 14
     bad = cli("explain", run_id, "--task", "double[99]")
     assert bad.returncode == 2
     assert "has no task 'double[99]'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_changed_fan_out_item_and_a_changed_child_of_an_upstream_fan_out(store: str) -> None:
+    first = fanout.run(store=store, vs=[1, 2, 3])
+    second = fanout.run(store=store, vs=[1, 5, 3])
+    res = second.explain(against=first.run_id).by_key()
+    assert res["double[0]"].reason == "cached" and res["double[2]"].reason == "cached"
+    assert res["double[1]"].reason == "argument"
+    assert res["double[1]"].changes["params"] == {"vs": [[1, 2, 3], [1, 5, 3]]}
+    assert res["total"].reason == "input"
+    assert list(res["total"].changes["inputs"]) == ["double[1]"]     # only that child
+
+
+def test_a_retry_in_the_run_is_told(store: str) -> None:
+    ATTEMPTS.clear()
+    run = retrying.run(store=store)
+    t = run.explain("flaky").tasks[0]
+    assert t.reason == "new" and t.attempts == 2
+    assert "in this run: attempt 1 error (RuntimeError), then ran again" in t.detail
+
+
+def test_the_notebook_display_groups_by_reason(store: str) -> None:
+    chain.run(store=store)
+    html = chain.run(store=store, n=5).explain()._repr_html_()
+    assert "<td>cached</td>" not in html and "<td>argument</td><td>1</td>" in html
+    assert "<td>input</td><td>3</td>" in html and "n 2 -&gt; 5" in html
+
+
+@pipeline
+def nested() -> list[int]:
+    return double.map([{"id": "notes/a.md", "v": 1}], key="id")
+
+
+def test_a_cache_hit_names_a_source_key_with_a_slash(store: str) -> None:
+    first = nested.run(store=store)
+    t = nested.run(store=store).explain("double[notes/a.md]").tasks[0]
+    assert (t.reason, t.source_run, t.source_key) == ("cached", first.run_id,
+                                                        "double[notes/a.md]")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from .options import JSON, STORE, main
 from .guard import guard
+from .options import JSON, STORE, main
 from .render import dumps, out
 
 #: Tasks listed per reason before the rest of the group is summed up.
@@ -63,7 +63,9 @@ def explain(run_id: str, task_key: str | None, against: str | None, all_rows: bo
         if len(t.reasons) > 1:
             out("  also: " + ", ".join(t.reasons[1:]))
         return
-    for reason, tasks in res.groups().items():
+    groups = res.groups()
+    cached = groups.pop("cached", [])
+    for reason, tasks in groups.items():
         out(f"{_TITLES[reason]}: {len(tasks)}")
         shown = tasks if all_rows else tasks[:GROUP_ROWS]
         for t in shown:
@@ -74,3 +76,16 @@ def explain(run_id: str, task_key: str | None, against: str | None, all_rows: bo
                 names[t.task] = names.get(t.task, 0) + 1
             out(f"  ... and {len(tasks) - len(shown)} more ("
                 + ", ".join(f"{n} {name}" for name, n in names.items()) + "; --all lists them)")
+    if cached:        # the reused tasks last, summed by the run they came from
+        out(f"{_TITLES['cached']}: {len(cached)}")
+        if all_rows or len(cached) <= GROUP_ROWS:
+            for t in cached:
+                out(f"  {t.key}  {t.detail}")
+            return
+        runs: dict[str, dict[str, int]] = {}
+        for t in cached:
+            names = runs.setdefault(t.source_run or "?", {})
+            names[t.task] = names.get(t.task, 0) + 1
+        for src, names in runs.items():
+            out(f"  from {src}: " + ", ".join(f"{n} {name}" for name, n in names.items())
+                + " (--all lists them)")
