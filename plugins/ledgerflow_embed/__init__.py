@@ -17,7 +17,8 @@ Use :func:`get_embedder` to obtain one by name::
     384
 
 Embedders are cached per process: a model is loaded once per worker process,
-not once per task. Other plugins add embedders by implementing the hooks in
+not once per task, and a lazy load says so on stderr (:mod:`ledgerflow_embed.loading`:
+"loading the embedding model minilm ..."). Other plugins add embedders by implementing the hooks in
 :mod:`ledgerflow_embed.hookspecs`.
 """
 

