@@ -45,7 +45,8 @@ import cloudpickle
 
 from ledgerflow.config import Settings
 from ledgerflow.executor import Completion, Job, execute
-from ledgerflow.programs.tree import alive, descendants, is_supervisor, supervisor_pids
+from ledgerflow.procs import alive
+from ledgerflow.programs.tree import descendants, is_supervisor, supervisor_pids
 
 #: What the forkserver imports once, so each worker starts in milliseconds
 #: (``_forkserver``: workers do not run the driver's ``__main__`` again).

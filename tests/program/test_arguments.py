@@ -16,11 +16,19 @@ from tests.program.proctools import PY
     ["/bin/bash", "-ec", "echo {src}"],
     [PY, "-c", "print('{src}')"],
     ["perl", "-e", "print '{src}'"],
+    ["env", "LC_ALL=C", "bash", "--norc", "-c", "ls {src}"],
 ])
 def test_a_placeholder_in_the_code_of_an_interpreter_is_refused(argv: list[str]) -> None:
     with pytest.raises(DefinitionError, match="would let a value run as code") as info:
         program("inject", argv)
     assert "LEDGERFLOW_PARAM_X" in (info.value.hint or "")
+
+
+def test_a_placeholder_in_a_script_path_or_an_option_value_is_fine(tmp_path: Path) -> None:
+    script = tmp_path / "s.sh"
+    script.write_text('echo "ran $1"\n')
+    run = program("run", ["sh", "-e", "{script}", "{arg}"])
+    assert run(script=str(script), arg="x")["stdout"] == "ran x\n"
 
 
 def test_a_value_passed_as_an_argument_to_sh_c_stays_data(tmp_path: Path) -> None:

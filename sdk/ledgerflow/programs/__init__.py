@@ -64,19 +64,27 @@ __all__ = [
     "supervisor_pids",
 ]
 
-#: Interpreters whose ``-c``/``-e`` argument is code: no placeholder may be filled into it.
-_INTERPRETERS = re.compile(r"(ba|da|z|k|a|fi)?sh|busybox|python[0-9.]*|perl|ruby|node|php")
+#: Interpreters whose ``-c`` (shells, Python) or ``-e`` (Perl, Ruby, Node) argument is
+#: code: no placeholder may be filled into it.
+_INTERPRETERS = {"c": re.compile(r"(ba|da|z|k|a|fi|c|tc|mk)?sh|busybox|python[0-9.]*"),
+                 "e": re.compile(r"perl|ruby|node")}
 
 
 def _check_code_placeholders(name: str, argv: tuple[str, ...]) -> None:
-    """Refuse ``["sh", "-c", "cat {src}"]``: a value would become shell code."""
-    if not argv or not _INTERPRETERS.fullmatch(os.path.basename(argv[0])):
+    """Refuse ``["sh", "-c", "cat {src}"]``: a value would become shell code.
+
+    The interpreter may come after a launcher (``env``, ``nice``, ``timeout 5``...).
+    """
+    found = ((i, code) for i, a in enumerate(argv) for code, kind in _INTERPRETERS.items()
+             if kind.fullmatch(os.path.basename(a)))
+    first, code = next(found, (-1, ""))
+    if first < 0:
         return
-    for flag, script in itertools.pairwise(argv[1:]):
-        if re.fullmatch(r"-[A-Za-z]*[ce]", flag) and names(script):
+    for flag, script in itertools.pairwise(argv[first + 1:]):
+        if re.fullmatch(rf"-[A-Za-z]*{code}", flag) and names(script):
             raise DefinitionError(
                 f"program {name!r}: placeholders {sorted(names(script))} in the code of "
-                f"{os.path.basename(argv[0])} {flag} would let a value run as code",
+                f"{os.path.basename(argv[first])} {flag} would let a value run as code",
                 hint='read the value from "$LEDGERFLOW_PARAM_X", or pass it as an argument: '
                      '["sh", "-c", \'cat "$1"\', "sh", "{src}"]')
 
