@@ -196,10 +196,11 @@ def draft_spec(request: str, tasks: list[str], base: str, model: str = "mock",
     """Ask ``model`` for a spec that does ``request``; repair it from the validator's problems.
 
     Returns ``{"spec", "valid", "problems", "unused", "notes", "rounds", "model",
-    "stopped", "tasks"}``: the last spec the model gave and its problems; ``rounds``
+    "stopped", "tasks", "policy"}``: the last spec the model gave and its problems; ``rounds``
     lists the problems found after each answer; ``stopped`` says why repairs ended
-    early (a model error after a first draft); ``tasks``: the catalogue's sources (the
-    draft's header names them, so the draft is checked over them alone).
+    early (a model error after a first draft); ``tasks`` and ``policy``: the catalogue's
+    sources and the policy file (the draft's header names them: the draft is checked over
+    that catalogue alone, and against that policy at every run).
     """
     from ledgerflow_agents import ModelRequest, ModelResponse, ProviderError, get_model
 
@@ -273,7 +274,7 @@ def draft_spec(request: str, tasks: list[str], base: str, model: str = "mock",
             "unused": best["unused"],
             "notes": [p.as_dict() for p in final.notes] if final is not None else [],
             "rounds": rounds, "model": getattr(llm, "name", model), "stopped": stopped,
-            "tasks": list(tasks)}
+            "tasks": list(tasks), "policy": policy or ""}
 
 
 @task(cache=False)
@@ -288,7 +289,8 @@ def save_draft(drafted: dict[str, Any], output: str, request: str) -> dict[str, 
     header = draft_file.DraftHeader(digest=digest, run=ctx.run_id,
                                     model=str(drafted.get("model", "")), request=request,
                                     problems=len(drafted.get("problems") or []),
-                                    tasks=tuple(drafted.get("tasks") or ()))
+                                    tasks=tuple(drafted.get("tasks") or ()),
+                                    policy=str(drafted.get("policy") or ""))
     draft_file.write(output, doc, header)
     ctx.record_output(Path(output).resolve().as_uri(), content_hash=digest,
                       machine_written="true", valid=str(bool(drafted.get("valid"))).lower())

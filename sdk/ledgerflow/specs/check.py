@@ -39,16 +39,16 @@ from __future__ import annotations
 
 import difflib
 import graphlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from ..errors import InputError
 from ..graph import cycles
 from . import drafts
 from .catalogue import NO_DEFAULT, TaskInfo, Unresolved, describe, resolve
 from .hints import describe as type_text
-from .hints import element_type, json_kind, type_fits, value_fits
+from .hints import element_type, example, json_kind, show, type_fits, value_fits
 from .policy import Policy, StepUse
 from .policy import check as check_policy
 from .problems import NOTE, Problem, step_path
@@ -127,9 +127,22 @@ def check_draft(doc: object, header: drafts.DraftHeader, *, folder: str,
     catalogue it was drafted over (``header.tasks``), so nothing else is imported.
 
     The catalogue's sources are what a person gave ``pipeline draft``; a step naming
-    anything else is ``task.unknown``, approved or not.
+    anything else is ``task.unknown``, approved or not. Without ``policy``, the
+    policy the draft was drafted under (``header.policy``) is read again, as it is now.
+
+    Raises:
+        InputError: the draft's policy cannot be read.
     """
     from .catalogue import find_tasks
+    from .policy import load_policy
+    if policy is None and header.policy:
+        try:
+            policy = load_policy(header.policy)
+        except InputError as exc:
+            raise InputError(f"the draft was drafted under policy {header.policy}, which "
+                             f"cannot be used now: {exc}",
+                             hint="restore that policy file, or name one: --policy "
+                             "POLICY.toml") from None
     cat = find_tasks(header.tasks, base=folder)
     rep = check(doc, folder=folder, policy=policy, cwd=cwd, only=cat.tasks)
     if not header.tasks:
@@ -360,38 +373,18 @@ def _check_arguments(rep: Report, key: str, info: TaskInfo, args: Mapping[str, A
                            f"given {json_kind(value)}")
                     hint = f'feed it from a step: inputs = {{ {p.name} = "STEP" }}'
                 else:
-                    msg = (f"step {key!r}: argument {p.name} is {_show(value)} "
+                    msg = (f"step {key!r}: argument {p.name} is {show(value)} "
                            f"({json_kind(value)}), but {name} takes {p.type_text}")
-                    hint = f"give {p.name} as {_example(p.schema)}"
+                    hint = f"give {p.name} as {example(p.schema)}"
                 rep.add(step_path(key, "args", p.name), "arg.type", msg, hint)
         elif p.required and p.name not in inputs and p.name != mapped:
             if p.schema is None:
                 hint = f'feed it from a step: inputs = {{ {p.name} = "STEP" }}'
             else:
-                hint = (f"add args.{p.name} ({_example(p.schema)}), or feed it from a step: "
+                hint = (f"add args.{p.name} ({example(p.schema)}), or feed it from a step: "
                         f'inputs = {{ {p.name} = "STEP" }}')
             rep.add(step_path(key, "args", p.name), "arg.missing",
                     f"step {key!r}: {name} needs argument {p.name} ({p.type_text})", hint)
-
-
-def _show(value: object) -> str:
-    text = json.dumps(value, ensure_ascii=False, default=repr)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _example(schema: Mapping[str, Any]) -> str:
-    """A short description with an example literal of a JSON Schema (for hints)."""
-    if "enum" in schema:
-        return "one of " + ", ".join(json.dumps(v) for v in schema["enum"][:6])
-    if "anyOf" in schema:
-        return " or ".join(_example(s) for s in schema["anyOf"][:3])
-    kind = schema.get("type")
-    if kind == "array":
-        return "a list, e.g. [" + _example(schema.get("items", {})).split("e.g. ")[-1] + ", ...]"
-    return {"string": 'a string, e.g. "text"', "integer": "an integer, e.g. 10",
-            "number": "a number, e.g. 1.5", "boolean": "true or false",
-            "null": "nothing (leave it out)", "object": "a table, e.g. { key = 1 }"}.get(
-        kind if isinstance(kind, str) else "", "any value")
 
 
 def _check_names(rep: Report) -> None:

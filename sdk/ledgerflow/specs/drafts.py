@@ -12,6 +12,7 @@
     # draft-model: mock
     # draft-request: index the markdown files in docs/ into docs.duckdb
     # draft-tasks: ["/home/ana/proj/steps.py"]
+    # draft-policy: "/home/ana/proj/POLICY.toml"
 
 The **digest** is the canonical digest of the spec's content (sorted-key
 compact JSON of the parsed document without the header), so formatting and
@@ -34,6 +35,13 @@ gave ``pipeline draft``), before and after its approval; nothing else a draft
 names is ever imported, so ``validate``, ``approve-draft`` and ``run`` of an
 unapproved draft run no code the model chose
 (:func:`ledgerflow.specs.check.check_draft`).
+
+**Held to its policy at every run.** A draft drafted under a policy
+(``pipeline draft --policy``: ``draft-policy``) is checked against that
+policy file as it is now whenever it is validated, approved, run, submitted
+or resumed (an explicit ``--policy`` takes its place), with relative paths
+taken from where the command runs: an approval does not carry a draft past
+a policy that was tightened since, or a run from another folder.
 """
 
 from __future__ import annotations
@@ -58,7 +66,7 @@ JSON_KEY: Final = "$draft"
 MARK: Final = "# ledgerflow draft:"
 #: The task key a draft's approval is recorded under, in the drafting run.
 DRAFT_REQUEST: Final = "draft"
-_FIELDS: Final = ("digest", "run", "model", "request", "problems", "tasks")
+_FIELDS: Final = ("digest", "run", "model", "request", "problems", "tasks", "policy")
 
 
 class DraftNotApprovedError(InputError):
@@ -76,6 +84,8 @@ class DraftHeader:
     problems: int = 0
     #: The task sources the draft was drafted over (its catalogue).
     tasks: tuple[str, ...] = ()
+    #: The policy file the draft was drafted under ("" if none).
+    policy: str = ""
 
 
 def spec_digest(doc: Mapping[str, Any]) -> str:
@@ -97,7 +107,8 @@ def parse_header(text: str, doc: object) -> DraftHeader | None:
         h = doc[JSON_KEY]
         return DraftHeader(digest=str(h.get("digest", "")), run=str(h.get("run", "")),
                            model=str(h.get("model", "")), request=str(h.get("request", "")),
-                           problems=_int(h.get("problems")), tasks=_sources(h.get("tasks")))
+                           problems=_int(h.get("problems")), tasks=_sources(h.get("tasks")),
+                           policy=_text(h.get("policy")))
     lines = text.lstrip("\ufeff").splitlines()
     if not lines or not lines[0].startswith(MARK):
         return None
@@ -113,7 +124,18 @@ def parse_header(text: str, doc: object) -> DraftHeader | None:
     return DraftHeader(digest=found.get("digest", "").split(" ")[0], run=found.get("run", ""),
                        model=found.get("model", ""), request=found.get("request", ""),
                        problems=_int(found.get("problems")),
-                       tasks=_sources(found.get("tasks")))
+                       tasks=_sources(found.get("tasks")),
+                       policy=_text(found.get("policy")))
+
+
+def _text(value: object) -> str:
+    """A header's string field: JSON-quoted in TOML comments, plain in JSON."""
+    if isinstance(value, str) and value.startswith('"'):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return ""
+    return value if isinstance(value, str) else ""
 
 
 def _sources(value: object) -> tuple[str, ...]:
@@ -212,6 +234,8 @@ def header_lines(header: DraftHeader, path: str) -> list[str]:
             f"# draft-model: {header.model}",
             f"# draft-request: {request}",
             f"# draft-tasks: {json.dumps(list(header.tasks), ensure_ascii=False)}",
+            *([f"# draft-policy: {json.dumps(header.policy, ensure_ascii=False)}"]
+              if header.policy else []),
             state]
 
 
@@ -220,7 +244,7 @@ def render(doc: Mapping[str, Any], header: DraftHeader, path: str) -> str:
     if str(path).endswith(".json"):
         h = {"machine_written": True, "digest": header.digest, "run": header.run,
              "model": header.model, "request": header.request, "problems": header.problems,
-             "tasks": list(header.tasks),
+             "tasks": list(header.tasks), **({"policy": header.policy} if header.policy else {}),
              "approve": f"pipeline approve-draft {os.path.basename(path)} --digest "
                         f"{header.digest[:12]}"}
         return json.dumps({JSON_KEY: h, **doc}, indent=2, ensure_ascii=False) + "\n"

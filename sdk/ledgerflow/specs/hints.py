@@ -23,11 +23,12 @@ from __future__ import annotations
 import collections.abc as cabc
 import enum
 import inspect
+import json
 import os
 import pathlib
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal, Union, get_args, get_origin
 
 #: What an unannotated or unresolvable parameter counts as.
@@ -356,3 +357,24 @@ def _class_fits(produced: Any, expected: Any) -> bool:
         return issubclass(p, e) or issubclass(e, p) or (e is float and p is int)
     except TypeError:
         return True
+
+
+def show(value: object) -> str:
+    """A literal as short JSON text (for messages)."""
+    text = json.dumps(value, ensure_ascii=False, default=repr)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def example(schema: Mapping[str, Any]) -> str:
+    """A short description with an example literal of a JSON Schema (for hints)."""
+    if "enum" in schema:
+        return "one of " + ", ".join(json.dumps(v) for v in schema["enum"][:6])
+    if "anyOf" in schema:
+        return " or ".join(example(s) for s in schema["anyOf"][:3])
+    kind = schema.get("type")
+    if kind == "array":
+        return "a list, e.g. [" + example(schema.get("items", {})).split("e.g. ")[-1] + ", ...]"
+    return {"string": 'a string, e.g. "text"', "integer": "an integer, e.g. 10",
+            "number": "a number, e.g. 1.5", "boolean": "true or false",
+            "null": "nothing (leave it out)", "object": "a table, e.g. { key = 1 }"}.get(
+        kind if isinstance(kind, str) else "", "any value")
