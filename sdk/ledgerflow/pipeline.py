@@ -172,7 +172,7 @@ class Pipeline(Generic[P, R]):
 
         Called before anything of the run is recorded. Every pipeline is admitted;
         a spec file written by ``pipeline draft`` is refused until its digest is
-        approved (:meth:`ledgerflow.spec.SpecPipeline.admit`).
+        approved (:meth:`ledgerflow.specs.pipeline.SpecPipeline.admit`).
         """
         return None
 
