@@ -1,0 +1,87 @@
+"""A light CLI start: ``pipeline status`` and a small ``pipeline run`` import only
+what they use (no agents, console, drafts, observability, index or Dask modules),
+checked in real subprocesses; the deferred plugins still answer when asked."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+FLOW = """
+from ledgerflow import task, pipeline
+
+@task
+def double(x: int) -> int:
+    return 2 * x
+
+@task
+def add(a: int, b: int) -> int:
+    return a + b
+
+@pipeline
+def small(n: int = 3):
+    return add(double(n), double(n + 1))
+"""
+
+#: Top-level packages (or modules) a status or a small run must not import.
+HEAVY = ("ledgerflow_agents", "ledgerflow_console", "ledgerflow_drafts",
+         "ledgerflow_observability", "ledgerflow_docindex", "ledgerflow_embed",
+         "ledgerflow_dask", "ledgerflow_postgres", "ledgerflow.specs.drafts")
+
+PROBE = """
+import json, sys
+from ledgerflow.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+heavy = HEAVY_NAMES
+print(json.dumps({"code": code, "loaded": sorted(m for m in sys.modules
+                  if any(m == h or m.startswith(h + ".") for h in heavy))}))
+""".replace("HEAVY_NAMES", repr(HEAVY))
+
+
+def _probe(args: list[str], env: dict[str, str]) -> dict[str, object]:
+    done = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True,
+                          text=True, env=env, timeout=300, check=False)
+    assert done.stderr == "" or "Traceback" not in done.stderr, done.stderr
+    doc: dict[str, object] = json.loads(done.stdout.splitlines()[-1])
+    return doc
+
+
+def test_status_and_a_small_run_import_no_plugin_they_do_not_use(
+        write_flow, ledger: str, cli_env: dict[str, str]) -> None:
+    flow = write_flow(FLOW)
+    ran = _probe(["run", flow, "--executor", "inline", "--store", ledger, "--json"], cli_env)
+    assert ran == {"code": 0, "loaded": []}
+    runs = subprocess.run([sys.executable, "-m", "ledgerflow", "runs", "--store", ledger,
+                           "--json"], capture_output=True, text=True, env=cli_env,
+                          timeout=300, check=True)
+    run_id = json.loads(runs.stdout)[0]["run_id"]
+    assert _probe(["status", run_id, "--store", ledger], cli_env) == {"code": 0, "loaded": []}
+
+
+def test_deferred_plugins_answer_when_asked(cli_env: dict[str, str]) -> None:
+    listing = subprocess.run([sys.executable, "-m", "ledgerflow", "plugins"],
+                             capture_output=True, text=True, env=cli_env, timeout=300,
+                             check=True).stdout
+    for offered in ("executor:dask", "store:postgres", "model:mock", "embedder:hashing"):
+        assert offered in listing
+    probe = ("from ledgerflow.plugins import get_plugin_manager\n"
+             "import sys\n"
+             "h = get_plugin_manager().hook\n"
+             "names = sorted({n for ns in h.ledgerflow_executor_names() for n in ns})\n"
+             "before = 'ledgerflow_dask' in sys.modules\n"
+             "fmts = sorted({f for fs in h.ledgerflow_lineage_formats() for f in fs})\n"
+             "from ledgerflow_agents import model_names\n"
+             "print(names, before, fmts, model_names())\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env=cli_env, timeout=300, check=True).stdout
+    assert "'dask'" in out and " False " in out and "['openlineage']" in out
+    assert "'mock'" in out
+    help_text = subprocess.run([sys.executable, "-m", "ledgerflow", "--help"],
+                               capture_output=True, text=True, env=cli_env, timeout=300,
+                               check=True).stdout
+    for command in ("search", "console", "draft", "worker", "status"):
+        assert f"  {command} " in help_text
