@@ -3,40 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
-import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import PIPELINE_EXE, ROOT
+from tests.conftest import ROOT
 
+from .cli import run as _run
+from .cli import run_id as _run_id
 from .readme import blocks, commands
 
 pytestmark = pytest.mark.subprocess
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGERFLOW_")}
-    env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
-    return env
-
-
-def _run(argv: list[str], cwd: Path, **subs: str) -> subprocess.CompletedProcess[str]:
-    """Run one README command: ``pipeline`` is the installed script; RUN_ID etc. substituted."""
-    words = [PIPELINE_EXE if w == "pipeline" else w for w in argv]
-    for name, value in subs.items():
-        words = [w.replace(name, value) for w in words]
-    return subprocess.run(words, cwd=cwd, env=_env(), capture_output=True, text=True,
-                          timeout=900)
-
-
-def _run_id(out: str) -> str:
-    m = re.search(r"\b(\d{8}-\d{6}-[0-9a-f]{6})\b", out)
-    assert m, out
-    return m.group(1)
 
 
 def test_ten_lines(tmp_path: Path) -> None:
@@ -72,7 +50,6 @@ def test_doc_index_with_minilm_then_search(tmp_path: Path) -> None:
     assert "embedder=minilm" in build_cmd
     src = tmp_path / "my_docs"
     shutil.copytree(ROOT / "recipes/doc_index/corpus/licenses", src)
-    build_cmd = [str(ROOT / w) if w.startswith("recipes/") else w for w in build_cmd]
 
     built = _run(build_cmd, tmp_path)
     assert built.returncode == 0, built.stdout + built.stderr
