@@ -75,6 +75,7 @@ class Pending:
         self._paths: dict[str, str] = {}
         self._count = 0
         self.last = 0.0                 # monotonic time of the last change
+        self.failure: BaseException | None = None     # the file watcher's, if it failed
         self.wake = threading.Event()
 
     def add(self, changes: Iterable[tuple[str, str]]) -> None:
@@ -109,14 +110,24 @@ def _visible(_change: Any, path: str) -> bool:
 
 def follow(paths: list[str], pending: Pending, stop: threading.Event,
            ready: threading.Event) -> None:
-    """Feed file events under ``paths`` into ``pending`` until ``stop`` (a thread's body)."""
+    """Feed file events under ``paths`` into ``pending`` until ``stop`` (a thread's body).
+
+    If watching fails (a watched folder vanished...), ``pending.failure`` says why and
+    the loop stops with that error rather than miss changes silently.
+    """
     import watchfiles
-    for batch in watchfiles.watch(*paths, watch_filter=_visible, stop_event=stop,
-                                  debounce=200, step=20, rust_timeout=100,
-                                  yield_on_timeout=True, raise_interrupt=False):
+    try:
+        for batch in watchfiles.watch(*paths, watch_filter=_visible, stop_event=stop,
+                                      debounce=200, step=20, rust_timeout=100,
+                                      yield_on_timeout=True, raise_interrupt=False):
+            ready.set()
+            if batch:
+                pending.add((c.name, p) for c, p in batch)
+    except Exception as exc:  # reported by the loop, which stops
+        pending.failure = exc
+        pending.wake.set()
+    finally:
         ready.set()
-        if batch:
-            pending.add((c.name, p) for c, p in batch)
 
 
 class TriggerStore:
@@ -203,6 +214,12 @@ class Watch:
                        "missed": 0})
             slot = self.schedule.next_after(time.time()) if self.schedule else None
             while not self._done():
+                if self.pending.failure is not None:
+                    exc = self.pending.failure
+                    raise InputError(f"watching {', '.join(self.paths)} failed: "
+                                     f"{type(exc).__name__}: {exc}",
+                                     hint="check that the watched paths still exist, "
+                                     "then start the watch again (it catches up)")
                 if self.pending and self.pending.quiet_for() >= self.debounce:
                     paths, count = self.pending.take()
                     self._run({"kind": "files", "paths": paths[:TRIGGER_PATHS],

@@ -81,3 +81,26 @@ def test_ctrl_c_while_idle_stops_at_once(tmp_path: Path) -> None:
     w = Watcher(tmp_path, "flow.py", "--every", "1h")
     assert w.next_end()["state"] == "succeeded"
     assert w.stop(timeout=20) == 0
+
+
+def test_a_second_watcher_of_the_same_target_is_refused(tmp_path: Path) -> None:
+    import subprocess
+
+    from .helpers import env_for, watch_command
+    (tmp_path / "flow.py").write_text(FLOW)
+    w = Watcher(tmp_path, "flow.py", "--every", "1h")
+    try:
+        assert w.next_end()["state"] == "succeeded"
+        second = subprocess.run([*watch_command(), "flow.py", "--every", "1h"], cwd=tmp_path,
+                                env=env_for(tmp_path), capture_output=True, text=True,
+                                timeout=60)
+        assert second.returncode == 2
+        assert f"already watched with these parameters (watcher pid {w.proc.pid})" \
+            in second.stderr
+        other = subprocess.run([*watch_command(), "flow.py", "-p", "seconds=0.1",
+                                "--every", "1h", "--max-runs", "1"], cwd=tmp_path,
+                               env=env_for(tmp_path), capture_output=True, text=True,
+                               timeout=60)
+        assert other.returncode == 0, other.stderr      # other parameters: another target
+    finally:
+        assert w.stop() == 0

@@ -53,10 +53,11 @@ def test_every_runs_at_its_slots_a_bounded_number_of_times(tmp_path: Path) -> No
     kinds = [b["trigger"]["kind"] for b, _ in done]
     assert kinds == ["start", "every", "every"]
     slots = [epoch(b["trigger"]["slot"]) for b, _ in done[1:]]
-    assert slots[1] - slots[0] == pytest.approx(1.0, abs=0.01)    # one slot apart
+    # on the 1 s grid: the next slot, or later by the slots a slow run made it skip
+    skipped = done[2][0]["trigger"]["missed"]
+    assert slots[1] - slots[0] == pytest.approx(1.0 + skipped, abs=0.01)
     for (begun, _), slot in zip(done[1:], slots, strict=True):
         assert begun["at"] >= slot - 0.01                          # not before its slot
-    assert [b["trigger"]["missed"] for b, _ in done[1:]] == [0, 0]
     from ledgerflow.launch import open_ledger
     st = open_ledger(str(tmp_path / "ledger.duckdb"))
     recorded = {r.run_id: r for r in st.list_runs()}

@@ -126,7 +126,8 @@ def test_edits_deletes_restore_and_rename_keep_the_index_fresh(tmp_path: Path) -
 def test_a_killed_watcher_loses_nothing_on_restart(tmp_path: Path) -> None:
     from ledgerflow.launch import open_ledger
     src = tmp_path / "src"
-    shutil.copytree(CORPUS, src, ignore=shutil.ignore_patterns("SOURCES.md"))
+    for copy in ("one", "two"):                          # 90 documents: a run of seconds
+        shutil.copytree(CORPUS, src / copy, ignore=shutil.ignore_patterns("SOURCES.md"))
     w = start(tmp_path, src)
     begun = w.next_event()
     assert begun["event"] == "start"
@@ -138,16 +139,16 @@ def test_a_killed_watcher_loses_nothing_on_restart(tmp_path: Path) -> None:
             view = st.get_run(run_id)
         except Exception:       # not recorded yet
             return False
-        return any(t.state == "succeeded" and t.task_name == "update_index"
+        return any(t.state == "succeeded" and t.task_name == "read"
                    for t in view.tasks.values())
 
-    wait_for(some_done, 120, "the first run to index a document")
+    wait_for(some_done, 120, "the first run to read a document")
     w.kill()                                             # kill -9, mid-run
     view = st.get_run(run_id)
     assert view.state == "running" and not view.driver_alive
     left = [t for t in view.tasks.values() if t.state != "succeeded"]
     assert left, "the run ended before the kill"
-    edited = sorted(p for p in (src / "markdown").iterdir())[0]
+    edited = sorted(p for p in (src / "one" / "markdown").iterdir())[0]
     edited.write_text(edited.read_text() + "\nChanged while no watcher ran.\n")
 
     again = start(tmp_path, src)
@@ -155,6 +156,6 @@ def test_a_killed_watcher_loses_nothing_on_restart(tmp_path: Path) -> None:
         end = again.next_end()
         assert end["state"] == "succeeded" and end["trigger"]["kind"] == "start"
         assert index_rows(tmp_path / "index.duckdb") == scratch_rows(tmp_path, src, 1)
-        assert f"markdown/{edited.name}" in embedded(tmp_path, [end["run_id"]])
+        assert f"one/markdown/{edited.name}" in embedded(tmp_path, [end["run_id"]])
     finally:
         assert again.stop() == 0
