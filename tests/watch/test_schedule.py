@@ -64,6 +64,10 @@ def test_every_runs_at_its_slots_a_bounded_number_of_times(tmp_path: Path) -> No
     assert set(recorded) == {b["run_id"] for b, _ in done}         # ordinary runs
     trig = json.loads(st.get_run(done[1][0]["run_id"]).options)["trigger"]
     assert trig["kind"] == "every" and trig["slot"] == done[1][0]["trigger"]["slot"]
+    from ledgerflow.explain import explain_run
+    said = explain_run(st, done[1][0]["run_id"])
+    assert said.trigger == trig and said.against == done[0][0]["run_id"]
+    assert [t.reason for t in said.tasks] == ["not_reused"]       # tick has cache=False
 
 
 def test_slots_missed_during_a_long_run_are_skipped_not_queued(tmp_path: Path) -> None:
