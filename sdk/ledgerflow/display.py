@@ -100,7 +100,7 @@ def run_html(view: RunView, *, graph: bool = True, all_rows: bool = False,
     th = "".join(f'<th style="text-align:left;padding:2px 8px">{c}</th>' for c in cells)
     rows = []
     for row in view.tasks.values():
-        err = row.error or ""
+        err = "" if row.state == _T.SUCCEEDED else row.error or ""   # a lost try, recovered
         short = err if len(err) <= _MAX_ERROR else err[:_MAX_ERROR] + "…"
         cached = ' <span title="result reused from an earlier run">(cached)</span>' \
             if row.cached_from else ""

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from ..states import FAILED_LIKE, TERMINAL, TaskState
+from ..states import FAILED_LIKE, IN_FLIGHT, TERMINAL, TaskState
 from ..views import RunView, TaskGroup, TaskRow, counts_text
 
 #: Above this many tasks, tables and logs show one row per task name.
@@ -26,6 +26,7 @@ STATUS_ROWS = 500
 FAILURE_LINES = 20
 _TERMINAL = frozenset(s.value for s in TERMINAL)
 _FAILED_LIKE = frozenset(s.value for s in FAILED_LIKE)
+_IN_FLIGHT = frozenset(s.value for s in IN_FLIGHT)
 _COLOURS: dict[str, str] = {TaskState.SUCCEEDED: "green", TaskState.FAILED: "red",
             TaskState.UPSTREAM_FAILED: "red", TaskState.CANCELLED: "yellow",
             TaskState.RUNNING: "cyan", TaskState.CANCELLING: "yellow"}
@@ -71,9 +72,21 @@ class Lines:
     def begin(self, counts: Mapping[str, int]) -> None:
         """Start from a resumed run's counts (read by the resume itself)."""
         self.counts = Counts(counts)
+        self.restoring = True
+
+    #: A resume restores the prior rows before it dispatches: a task that leaves an
+    #: in-flight state then lost its attempt with the driver (not a failure).
+    restoring = False
 
     def __call__(self, key: str, old: str, new: str) -> None:
         self.counts.move(old, new)
+        if self.restoring and new == TaskState.RUNNING:
+            self.restoring = False
+        if self.restoring:
+            if old in _IN_FLIGHT:
+                self.echo(f"  {'lost':<15} {key}  (its attempt died with the driver; "
+                          "it runs again)")
+            return
         if new in _FAILED_LIKE:
             if self.printed_bad < FAILURE_LINES:
                 self.printed_bad += 1
@@ -171,8 +184,10 @@ def summary(view: RunView, *, all_rows: bool = False, every_row: bool = False) -
         for r in rows:
             state = r.state + (" (cached)" if r.cached_from else "")
             # task keys hold [item] suffixes: escape them, or rich reads them as markup
+            # a success shows no error (the one of a lost or failed try before it)
+            err = "" if r.state == TaskState.SUCCEEDED else (r.error or "")[:120]
             table.add_row(escape(r.key), f"[{_COLOURS.get(r.state, 'white')}]{state}[/]",
-                          str(r.attempts), _duration(r), escape((r.error or "")[:120]))
+                          str(r.attempts), _duration(r), escape(err))
     else:   # many tasks: one line per task name
         for col in ("task", "tasks", "states", "cached", "busy time", "first error"):
             table.add_column(col, overflow="fold")
@@ -213,12 +228,15 @@ def task_lines(row: TaskRow, attempts: list[dict[str, Any]]) -> list[str]:
     cached = f" (cached from {row.cached_from})" if row.cached_from else ""
     lines = [f"task {row.key} ({row.task_name}): {row.state}{cached}, "
              f"{row.attempts} attempt(s)"]
-    if row.error:
+    if row.error and row.state != TaskState.SUCCEEDED:
         lines.append(f"  error: {row.error}")
     for a in attempts:
         took = (f"{a['ended_at'] - a['started_at']:.3f}s"
                 if a["started_at"] is not None and a["ended_at"] is not None else "-")
-        err = f"  {a['error_type']}: {a['error_message']}" if a["outcome"] != "ok" else ""
+        if a["outcome"] == "lost" and took != "-":
+            took = "<=" + took      # it ended when the driver died: known only as of the resume
+        why = ": ".join(p for p in (a["error_type"], a["error_message"]) if p)
+        err = f"  {why}" if a["outcome"] != "ok" and why else ""
         lines.append(f"  attempt {a['attempt']}: {a['outcome']:<9} {took:>9}{err}")
         if a.get("traceback"):
             lines += [f"      {line}" for line in a["traceback"].rstrip().splitlines()]
