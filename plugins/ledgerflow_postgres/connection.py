@@ -1,6 +1,7 @@
-"""Talking to the database: connecting, masking URLs, and waiting out an outage.
+"""Talking to the database: connecting, masking URLs, waiting out an outage, the store's connections.
 
-:class:`Database` owns the URL and the bound on waiting. Every operation of
+:class:`Database` owns the URL and the bound on waiting; :class:`Connections`
+the store's three kinds of connection (one writer, one folder, a reader pool). Every operation of
 the store goes through :meth:`Database.retrying`: a connection error (the
 server stopped, restarted, or is still recovering) closes the connection,
 says so once on the ``ledgerflow`` logger, and tries again with backoff
@@ -12,20 +13,40 @@ once as :class:`~ledgerflow.errors.StoreError`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from ledgerflow.errors import LeaseLostError, StoreError
+
+from . import schema
 
 log = logging.getLogger("ledgerflow")
 T = TypeVar("T")
 
 #: Seconds an operation waits for the database to come back (LEDGERFLOW_STORE_WAIT).
 DEFAULT_WAIT = 20.0
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A positive number of seconds from the environment variable ``name``."""
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise StoreError(f"{name} must be a number of seconds, given: {raw!r}",
+                         hint=f"set {name}=30 or unset it") from None
+    if value <= 0:
+        raise StoreError(f"{name} must be positive, given: {raw!r}",
+                         hint=f"set {name}=30 or unset it")
+    return value
 
 
 class StoreUnavailableError(StoreError):
@@ -146,3 +167,118 @@ def _is_connect_refusal(exc: BaseException) -> bool:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+@contextlib.contextmanager
+def snapshot(con: Any) -> Iterator[None]:
+    """A read-only REPEATABLE READ transaction on an autocommit connection."""
+    con.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    try:
+        yield
+    finally:
+        con.execute("ROLLBACK")
+
+
+class _QuietPool(logging.Filter):
+    """Drops the reader pool's own reconnect warnings (the store says it once)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "'ledgerflow-readers'" not in record.getMessage()
+
+
+logging.getLogger("psycopg.pool").addFilter(_QuietPool())
+
+
+def _close(conn: Any) -> None:
+    if conn is not None:
+        with contextlib.suppress(Exception):    # a broken connection is gone anyway
+            conn.close()
+
+
+class Connections:
+    """A store's connections: the writer (commits, leases; under ``wlock``), the folder
+    (folds, repairs; under ``flock``, one fold at a time) and a pool of readers. The
+    first connection migrates the schema."""
+
+    def __init__(self, db: Database, url: str) -> None:
+        self.db = db
+        self.url = url
+        self.wlock = threading.RLock()      # the writer connection and the store's mirrors
+        self.flock = threading.RLock()      # the fold connection; one fold at a time
+        self.wconn: Any = None
+        self.fconn: Any = None
+        self._pool: Any = None
+        self._pool_lock = threading.Lock()
+        self.migrated = False
+
+    def _prepare(self, con: Any) -> None:
+        if not self.migrated:
+            schema.migrate(con, self.db.shown)
+            self.migrated = True
+
+    def writer(self) -> Any:
+        """The writer connection (connected again if it broke)."""
+        if self.wconn is None or self.wconn.closed:
+            self.wconn = self.db.connect()
+            self._prepare(self.wconn)
+        return self.wconn
+
+    def reset_writer(self) -> None:
+        conn, self.wconn = self.wconn, None
+        _close(conn)
+
+    def folder(self) -> Any:
+        """The fold connection (connected again if it broke)."""
+        if self.fconn is None or self.fconn.closed:
+            self.fconn = self.db.connect()
+            self._prepare(self.fconn)
+        return self.fconn
+
+    def reset_folder(self) -> None:
+        conn, self.fconn = self.fconn, None
+        _close(conn)
+
+    def readers(self) -> Any:
+        """The reader pool (opened on first use)."""
+        with self._pool_lock:
+            if self._pool is None:
+                from psycopg_pool import ConnectionPool
+                self._pool = ConnectionPool(
+                    self.url, min_size=0, max_size=4, open=True,
+                    check=ConnectionPool.check_connection, name="ledgerflow-readers",
+                    kwargs={"autocommit": True, "application_name": "ledgerflow",
+                            "connect_timeout": max(1, int(min(self.db.wait, 5)))})
+            return self._pool
+
+    def read(self, fn: Callable[[Any], T], what: str, *, in_snapshot: bool = True) -> T:
+        """``fn(con)`` on a pooled connection, in one read-only snapshot (a REPEATABLE
+        READ transaction) unless ``in_snapshot=False`` (small writes in autocommit)."""
+        from psycopg_pool import PoolTimeout
+
+        def attempt(retry: bool) -> T:
+            if not self.migrated:
+                with self.wlock:
+                    self.writer()       # the first use connects directly: real errors
+            try:
+                with self.readers().connection(
+                        timeout=max(1.0, min(self.db.wait, 5.0))) as con:
+                    if not in_snapshot:
+                        return fn(con)
+                    with snapshot(con):
+                        return fn(con)
+            except PoolTimeout:
+                # the pool only says it got no connection: a direct one says why
+                self.db.connect(timeout=2).close()
+                raise
+        return self.db.retrying(attempt, what=what)
+
+    def close(self) -> None:
+        """Close the writer, the folder and the pool."""
+        with self.wlock:
+            self.reset_writer()
+        with self.flock:
+            self.reset_folder()
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()

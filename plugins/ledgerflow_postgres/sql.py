@@ -16,6 +16,8 @@ per kind), and the touched ``tasks`` rows and the ``runs`` row, which the
 driver computed with :func:`ledgerflow.projection.apply`, are upserted from
 the read models :class:`~ledgerflow.views.TaskRow` / :class:`~ledgerflow.views.RunView`
 the same way. A fold is fenced by the lease like a commit.
+
+The lease statements of a takeover and of a worker's claim are here too.
 """
 
 from __future__ import annotations
@@ -181,3 +183,26 @@ def fold_params(run_id: str, token: int, start: tuple[int, int], end: tuple[int,
 def run_tuple(view: RunView) -> tuple[Any, ...]:
     """The persisted fields of ``view`` (to tell whether a commit changed them)."""
     return _run_tuple(view)
+
+
+#: A run's lease row, locked, with whether it expired and how long it has left.
+LEASE_FOR_UPDATE_SQL: Final = (
+    "SELECT token, pid, host, pid_start, expires_at <= now(), "
+    "extract(epoch FROM expires_at - now()) FROM leases WHERE run_id = %s FOR UPDATE")
+
+#: A takeover: (token, pid, host, pid start, ttl seconds, run id).
+TAKE_OVER_SQL: Final = (
+    "UPDATE leases SET token = %s, pid = %s, host = %s, pid_start = %s, "
+    "acquired_at = now(), renewed_at = now(), "
+    "expires_at = now() + make_interval(secs => %s) WHERE run_id = %s")
+
+#: A worker's claim of the oldest run waiting for a driver (named parameters).
+CLAIM_SQL: Final = (
+    "WITH cand AS (SELECT l.run_id FROM leases l JOIN runs r USING (run_id) "
+    "WHERE r.state = ANY(%(active)s) AND l.expires_at <= now() "
+    "AND NOT (l.run_id = ANY(%(skip)s)) ORDER BY r.created_at LIMIT 1 "
+    "FOR UPDATE OF l SKIP LOCKED) "
+    "UPDATE leases l SET token = l.token + 1, pid = %(pid)s, host = %(host)s, "
+    "pid_start = %(start)s, acquired_at = now(), renewed_at = now(), "
+    "expires_at = now() + make_interval(secs => %(ttl)s) FROM cand "
+    "WHERE l.run_id = cand.run_id RETURNING l.run_id, l.token")

@@ -75,8 +75,8 @@ def test_a_commit_retried_after_a_lost_connection_is_applied_once(
         store: PostgresStore, pg_url: str, after: bool,
         caplog: pytest.LogCaptureFixture) -> None:
     lease = store.create_run("r", run_records("r"))
-    real = store._writer()
-    store._wconn = Flaky(real, after)
+    real = store.conns.writer()
+    store.conns.wconn = Flaky(real, after)
     now = time.time()
     with caplog.at_level(logging.WARNING, logger="ledgerflow"):
         store.append(lease, started("a", now))
@@ -349,7 +349,7 @@ def test_unfolded_commits_are_read_and_a_takeover_folds_them(pg_url: str,
     from ledgerflow.projection import apply
     from ledgerflow.views import RunView
     old = PostgresStore(pg_url, lease_ttl=30, wait=5)
-    monkeypatch.setattr(old, "_start_folder", lambda: None)     # it dies before any fold
+    monkeypatch.setattr(old.folder, "start", lambda: None)     # it dies before any fold
     lease = old.create_run("r", run_records("r"))
     now = time.time()
     commits = [started("a", now),
@@ -391,10 +391,10 @@ def test_unfolded_commits_are_read_and_a_takeover_folds_them(pg_url: str,
 def test_a_fold_retried_after_a_lost_connection_is_applied_once(
         store: PostgresStore, pg_url: str, after: bool,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store, "_start_folder", lambda: None)    # folds only when told
+    monkeypatch.setattr(store.folder, "start", lambda: None)    # folds only when told
     lease = store.create_run("r", run_records("r"))
     store.append(lease, started("a", time.time()))
-    store._fconn = Flaky(store._folder_conn(), after, marker="UPDATE folds f SET")
+    store.conns.fconn = Flaky(store.conns.folder(), after, marker="UPDATE folds f SET")
     store.fold()       # breaks once, waits, checks the fold position, goes on
     store.append(lease, [Transition(4, "a", 1, "running", "succeeded", "", time.time())])
     store.fold()
@@ -432,7 +432,7 @@ def test_recover_doctor_and_repair(pg_url: str, monkeypatch: pytest.MonkeyPatch)
     """What a gone driver left is folded by recover() (every writing command calls it);
     doctor says so first; repair rebuilds damaged rows from the commits."""
     dead = PostgresStore(pg_url, lease_ttl=30, wait=5)
-    monkeypatch.setattr(dead, "_start_folder", lambda: None)
+    monkeypatch.setattr(dead.folder, "start", lambda: None)
     lease = dead.create_run("r", run_records("r"))
     now = time.time()
     dead.append(lease, started("a", now))

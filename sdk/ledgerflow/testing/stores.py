@@ -19,15 +19,19 @@ from ..config import Settings
 from ..errors import LeaseLostError, NotResumableError, RunNotFoundError
 from ..projection import apply
 from ..records import (
+    ApprovalDecided,
+    ApprovalRequested,
     ArtifactRecorded,
     AttemptEnded,
     DriverHeader,
+    ModelCall,
     Notice,
     Record,
     ResultRecorded,
     RunDefined,
     RunStateChanged,
     TaskCreated,
+    ToolCall,
     Transition,
 )
 from ..results import encode
@@ -208,6 +212,57 @@ class StoreContract:
         ])
         st.release(lease)
         assert st.cache_lookup(["b"])["fp-b"][:2] == ("c1", "b")
+
+    def test_lineage_includes_model_and_tool_calls(self, tmp_path: Path) -> None:
+        st = self.make_store(tmp_path)
+        lease = st.create_run("r5", run_records("r5"))
+        now = time.time()
+        st.append(lease, [*started("agent", now),
+                          ModelCall("agent", 1, 1, "mock", "m-1", "k", "req-h", "resp-h", 3, 4,
+                                    0.5, 0.01, "stop", ["t-1"], 0, 0.0, False, "")])
+        lease = self._folded(st, lease, "r5")    # one call in the tables, one in the tail
+        st.append(lease, [ToolCall("agent", 1, 2, "search", "args-h", "", "ok", "res-h", "",
+                                   False)])
+        rows = {r["direction"]: r for r in st.lineage("r5", "agent")}
+        assert rows["model_call"]["uri"] == "model:mock/m-1"
+        assert rows["model_call"]["content_hash"] == "resp-h"
+        assert rows["model_call"]["attrs"]["tokens"] == "7"
+        assert rows["tool_call"]["uri"] == "tool:search"
+        assert rows["tool_call"]["attrs"]["arguments_digest"] == "args-h"
+        assert [c["model"] for c in st.model_calls("r5")] == ["m-1"]
+        assert [c["tool"] for c in st.tool_calls("r5")] == ["search"]
+        st.release(lease)
+
+    def test_approval_decisions_are_the_side_decisions_plus_the_journaled_ones(
+            self, tmp_path: Path) -> None:
+        st = self.make_store(tmp_path)
+        lease = st.create_run("r6", run_records("r6"))
+        now = time.time()
+        asks = [ApprovalRequested(key, 1, f"dg-{key}", "publish", key, {}, now, None, "fail",
+                                  [], "") for key in ("a", "b", "c")]
+        st.append(lease, [*started("a", now), *started("b", now, seq=4),
+                          *started("c", now, seq=7), *asks,
+                          ApprovalDecided("a", "dg-a", "approved", "ann", "ok", now + 1)])
+        lease = self._folded(st, lease, "r6")
+        # b decided from another process and not journaled yet; c decided and journaled
+        st.decide("r6", "b", "dg-b", "rejected", "bob", "no")
+        st.decide("r6", "c", "dg-c", "approved", "cy", "fine")
+        st.append(lease, [ApprovalDecided("c", "dg-c", "approved", "cy", "fine", now + 2)])
+        made = st.approval_decisions("r6")
+        assert sorted((d["digest"], d["decision"], d["decided_by"]) for d in made) == [
+            ("dg-a", "approved", "ann"), ("dg-b", "rejected", "bob"),
+            ("dg-c", "approved", "cy")]
+        states = {a["task_key"]: (a["state"], a["decided_by"]) for a in st.approvals("r6")}
+        assert states == {"a": ("approved", "ann"), "b": ("rejected", "bob"),
+                          "c": ("approved", "cy")}
+        st.release(lease)
+
+    @staticmethod
+    def _folded(st: RunStore, lease: Any, run_id: str) -> Any:
+        """Release and take ``run_id`` over again: what was written is in the tables (a
+        store that folds), what is written next is in the unfolded tail."""
+        st.release(lease)
+        return st.take_over(run_id)
 
     def test_unknown_run(self, tmp_path: Path) -> None:
         st = self.make_store(tmp_path)
