@@ -19,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 from . import capture
 from .approval import ApprovalNeeded
 from .context import RunContext, TaskCancelled, TaskTimedOut, run_in_context
+from .errors import NotResumableError
 from .results import Encoded, encode
 from .states import Outcome
 
@@ -142,6 +143,25 @@ class Executor(Protocol):
 
     def shutdown(self) -> None:
         """Release workers; called once per drive."""
+
+
+class NoExecutor:
+    """The executor of a run that is only recorded (``submit``): never started."""
+
+    name = "none"
+
+    def start(self, *, workers: int, on_complete: Callable[[Completion], None]) -> None:
+        raise NotResumableError("a submitted run is not driven by the process that "
+                                "submitted it", hint="drive it with: pipeline resume RUN_ID")
+
+    def submit(self, job: Job) -> None:
+        raise NotResumableError("a submitted run has no executor")
+
+    def cancel(self, job_id: int, *, reason: str) -> None:
+        return None
+
+    def shutdown(self) -> None:
+        return None
 
 
 def queue_ahead(executor: object) -> int:

@@ -5,7 +5,59 @@ Plugins are modules of ``@hookimpl`` functions registered through the
 implementation declares only the arguments it needs; hooks are called with
 keyword arguments. Each spec below says when it is called, in which process,
 and how results are combined. Observer hooks never break a run: what they
-raise is logged and dropped.
+raise is logged and dropped (:mod:`ledgerflow.observers` calls them).
+
+**The run protocol** (what ``Pipeline.run``, ``pipeline run``, ``resume`` and
+``worker`` do, in order; "driver" is the process that drives the run, and
+every hook below is called there, in the thread that drives it, except where
+a step says otherwise):
+
+1. ``ledgerflow_make_executor`` builds the executor and ``ledgerflow_make_store``
+   opens the ledger; nothing is recorded yet, the graph is validated.
+2. *Creation commit*: ``RunDefined``, ``DriverHeader`` and the run's
+   ``running`` transition are committed with the lease (a resume instead
+   commits the takeover: ``DriverHeader`` and ``running`` under a new fencing
+   token, after the old driver's journal is folded). Then
+   ``ledgerflow_records_committed`` sees those records.
+3. ``ledgerflow_run_start(run_id, pipeline, resumed)``: after that commit,
+   before any task is dispatched (in the thread that starts the drive).
+4. The drive loop, one **group commit** after another. Records made since the
+   last commit (tasks created, ``pending``/``ready``, cache hits with their
+   results, approval requests and decisions, attempts moved to ``running``,
+   and what ended attempts reported: ``AttemptEnded``, output, model and tool
+   calls, steps, lineage, results) are appended to the ledger in one commit
+   (the durability point: the journal is fsync'd). After it returned, in this
+   order:
+
+   a. ``ledgerflow_records_committed(records)`` with that commit's records;
+   b. ``ledgerflow_task_state_changed`` for each task transition of the
+      commit, in the order made, then the progress display;
+   c. ``ledgerflow_attempt_finished`` for each attempt that ended in it;
+   d. for each attempt whose ``running`` transition was in the commit,
+      ``ledgerflow_job_carrier``, then the job goes to ``executor.submit``
+      (or runs in the driver thread: the ``inline`` executor, a lone task on
+      ``threads``). So no task code runs before its ``running`` is durable
+      (*durable before start*), and a dependent starts only after the commit
+      that holds its upstream's success and result (*durable before unlock*).
+
+5. *In the worker* (a thread, process or cluster worker; no hook is called
+   there): ``executor.execute`` enters the carrier's ``scope()`` around the
+   task call; ``context()`` appends steps, model and tool calls to the
+   attempt logs (:mod:`ledgerflow.attempt_log`) as they happen. Whatever the
+   task raises (``BaseException`` too) ends the attempt, never the worker
+   or the driver. The attempt's ``Completion`` goes back to the driver,
+   whose completion policy (:mod:`ledgerflow.outcomes`) turns it into
+   records for the next commit (step 4).
+6. *Last commit*: the run's final transition (``succeeded``, ``failed``,
+   ``cancelled``, or ``waiting`` when only approval gates are open), with
+   4a-4c after it. Then ``executor.shutdown``, the lease is released, and
+   ``ledgerflow_run_finish(run_id, state)`` is called (``state`` is
+   ``interrupted`` if the drive raised, e.g. the lease was lost).
+
+A cancel (Ctrl-C in the CLI, ``Run.cancel``, ``pipeline cancel`` from another
+process) is seen by the loop within ~0.1 s: the run goes ``cancelling``, tasks
+not started go ``cancelled`` and running ones ``cancelling`` in one commit,
+and the executor is asked to stop them.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from .errors import (
     TaskFailedError,
     TaskNotFoundError,
 )
-from .executor import Executor
+from .executor import Executor, NoExecutor
 from .graph import Graph
 from .observers import Observers
 from .plan import UNSET
@@ -33,7 +33,7 @@ from .runner import Runner
 from .states import RUN_TERMINAL, RunState, TaskState
 from .store import Lease, RunStore
 from .task import MapRef, TaskRef
-from .views import RunView, usage_summary
+from .views import RunView, output_from_json, output_to_json, usage_summary
 
 if TYPE_CHECKING:
     from .pipeline import Pipeline
@@ -348,35 +348,6 @@ def read_run(st: RunStore, run_id: str, *, upstream: bool = True) -> RunView:
     return view
 
 
-def output_to_json(value: Any) -> Any:
-    """A pipeline's return value with references as ``{"$task": key}`` / ``{"$map": key}``."""
-    t = type(value)
-    if t is TaskRef:
-        return {"$task": value.key}
-    if t is MapRef:
-        return {"$map": value.key}
-    if t is list or t is tuple:
-        return [output_to_json(v) for v in value]
-    if t is dict:
-        return {str(k): output_to_json(v) for k, v in value.items()}
-    if value is None or t in (str, int, float, bool):
-        return value
-    return repr(value)
-
-
-def output_from_json(doc: Any) -> Any:
-    """The inverse of :func:`output_to_json` (tuples come back as lists)."""
-    if isinstance(doc, dict):
-        if set(doc) == {"$task"}:
-            return TaskRef(doc["$task"])
-        if set(doc) == {"$map"}:
-            return MapRef(doc["$map"])
-        return {k: output_from_json(v) for k, v in doc.items()}
-    if isinstance(doc, list):
-        return [output_from_json(v) for v in doc]
-    return doc
-
-
 # -- starting and continuing ------------------------------------------------------------
 
 def start(pipe: Pipeline[..., Any], args: Sequence[Any], params: dict[str, Any], *,
@@ -424,7 +395,7 @@ def submit(pipe: Pipeline[..., Any], params: dict[str, Any], *, store: StoreArg 
     st = store_for(settings, store)
     pipe.admit(st)
     run_id = run_id or new_run_id()
-    runner = Runner(graph=graph, store=st, executor=_NoExecutor(), settings=settings,
+    runner = Runner(graph=graph, store=st, executor=NoExecutor(), settings=settings,
                     run_id=run_id)
     lease = runner.create(pipeline=pipe.name, target=target or pipe.target(), params=values,
                           options={"output": output_to_json(graph.output)}, submit=True)
@@ -436,30 +407,11 @@ def cancel_submitted(view: RunView, st: RunStore) -> None:
     """Cancel a run that was submitted and never driven."""
     lease = st.take_over(view.run_id)
     try:
-        runner = Runner(graph=Graph(view.pipeline), store=st, executor=_NoExecutor(),
+        runner = Runner(graph=Graph(view.pipeline), store=st, executor=NoExecutor(),
                         settings=settings_for(st), run_id=view.run_id, prior=view)
         runner.cancel_submitted(lease, "cancelled before a driver took it")
     finally:
         st.release(lease)
-
-
-class _NoExecutor:
-    """The executor of a run that is only recorded (``submit``): never started."""
-
-    name = "none"
-
-    def start(self, *, workers: int, on_complete: Any) -> None:
-        raise NotResumableError("a submitted run is not driven by the process that "
-                                "submitted it", hint="drive it with: pipeline resume RUN_ID")
-
-    def submit(self, job: Any) -> None:
-        raise NotResumableError("a submitted run has no executor")
-
-    def cancel(self, job_id: int, *, reason: str) -> None:
-        return None
-
-    def shutdown(self) -> None:
-        return None
 
 
 def continue_run(pipe: Pipeline[..., Any], view: RunView, st: RunStore, *,

@@ -1,24 +1,13 @@
-"""Drive one run: dispatch ready tasks, record every transition, commit in groups.
+"""Drive one run: dispatch ready tasks, apply every transition, commit in groups.
 
 The :class:`Runner` is the only code that applies a state transition
 (:meth:`Runner._move` for tasks, :meth:`Runner._move_run` for the run:
-creation, the resume reset and the restore of a prior run included), and
-the user-code error boundary. It keeps the run's state in memory and hands
-the store typed records (:mod:`ledgerflow.records`) in group commits.
-
-Two rules order the commits:
-
-* *durable before start*: no task code runs (in any executor) before every
-  record written so far, its own ``running`` transition included, is
-  committed; so after a crash at most the attempts that were running
-  re-execute, and each shows as ``lost``;
-* *durable before unlock* follows: a dependent starts only after the commit
-  that holds its upstream's success and result.
-
-Observers (the ``ledgerflow_task_state_changed`` and
-``ledgerflow_records_committed`` hooks, progress displays) hear of a
-transition after the commit that holds it; an observer may attach a
-propagation carrier to each attempt it saw start (``ledgerflow_job_carrier``).
+creation, the resume reset and the restore of a prior run included). Its
+collaborators decide and return data, it applies: :mod:`ledgerflow.resume`
+(a prior row), :mod:`ledgerflow.gates` (approval gates),
+:mod:`ledgerflow.outcomes` (an attempt's end); :mod:`ledgerflow.observers`
+hears of each commit. The order of commits, hooks and task starts (the run
+protocol) is documented once, at the top of :mod:`ledgerflow.hookspecs`.
 """
 
 from __future__ import annotations

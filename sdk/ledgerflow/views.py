@@ -24,6 +24,7 @@ from .records import (
     Transition,
 )
 from .states import FAILED_LIKE, PENDING_APPROVAL, RUN_ACTIVE, Outcome, TaskState
+from .task import MapRef, TaskRef
 
 #: Attempt outcomes that are no error, and those whose error text starts with the outcome.
 _NO_ERROR = frozenset({Outcome.OK.value, Outcome.WAITING.value})
@@ -365,3 +366,32 @@ def failed_like(state: str) -> bool:
 def counts_text(counts: Mapping[str, int]) -> str:
     """``3 failed, 7 succeeded``: counts by state, sorted by state name."""
     return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+
+
+def output_to_json(value: Any) -> Any:
+    """A pipeline's return value with references as ``{"$task": key}`` / ``{"$map": key}``."""
+    t = type(value)
+    if t is TaskRef:
+        return {"$task": value.key}
+    if t is MapRef:
+        return {"$map": value.key}
+    if t is list or t is tuple:
+        return [output_to_json(v) for v in value]
+    if t is dict:
+        return {str(k): output_to_json(v) for k, v in value.items()}
+    if value is None or t in (str, int, float, bool):
+        return value
+    return repr(value)
+
+
+def output_from_json(doc: Any) -> Any:
+    """The inverse of :func:`output_to_json` (tuples come back as lists)."""
+    if isinstance(doc, dict):
+        if set(doc) == {"$task"}:
+            return TaskRef(doc["$task"])
+        if set(doc) == {"$map"}:
+            return MapRef(doc["$map"])
+        return {k: output_from_json(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [output_from_json(v) for v in doc]
+    return doc
