@@ -1,9 +1,9 @@
 """Drive one run: dispatch ready tasks, apply every transition, commit in groups.
 
-The :class:`Runner` is the only code that applies a state transition
-(:meth:`Runner._move` for tasks, :meth:`Runner._move_run` for the run:
-creation, the resume reset and the restore of a prior run included). Its
-collaborators decide and return data, it applies: :mod:`ledgerflow.resume`
+The :class:`Runner` applies every state transition through its write side,
+:class:`~ledgerflow.commits.Journal` (``move`` for tasks, ``move_run`` for
+the run: creation, the resume reset and the restore of a prior run
+included), the one applier. Its collaborators decide and return data, it applies: :mod:`ledgerflow.resume`
 (a prior row), :mod:`ledgerflow.gates` (approval gates),
 :mod:`ledgerflow.outcomes` (an attempt's end); :mod:`ledgerflow.observers`
 hears of each commit. The order of commits, hooks and task starts (the run
@@ -13,11 +13,8 @@ protocol) is documented once, at the top of :mod:`ledgerflow.hookspecs`.
 from __future__ import annotations
 
 import heapq
-import json
 import logging
-import os
 import random
-import socket
 import threading
 import time
 from array import array
@@ -28,7 +25,8 @@ from typing import Any
 from . import outcomes
 from ._gc import quiet_gc
 from .approval import task_digest
-from .attempt_log import logged_calls, logged_steps
+from .attempt_log import logged_steps
+from .commits import Journal
 from .config import Settings
 from .errors import (
     InvalidTransitionError,
@@ -47,25 +45,15 @@ from .executor import (
 from .gates import Gates, Pass, Refuse, Verdict, Wait
 from .graph import Graph
 from .keys import fingerprint_base, finish_fingerprint
-from .observers import Change, Observers
+from .observers import Observers
 from .plan import UNSET, Instance, Plan
 from .records import (
-    FORMAT_VERSION,
-    AttemptEnded,
-    DriverHeader,
     LogRecorded,
-    Notice,
-    Record,
     ResultRecorded,
-    RunDefined,
-    RunStateChanged,
     TaskCreated,
-    Transition,
 )
 from .results import decode
-from .resume import decide
 from .states import (
-    _TASK_EDGES,
     FAILED_LIKE,
     IN_FLIGHT,
     NOT_STARTED,
@@ -73,12 +61,9 @@ from .states import (
     Outcome,
     RunState,
     TaskState,
-    check_restored,
-    run_transition,
-    transition,
 )
 from .store import CacheHit, Lease, RunStore, lease_probe, reading, worker_folders
-from .views import RunView, TaskRow
+from .views import RunView
 
 log = logging.getLogger("ledgerflow")
 
@@ -117,16 +102,13 @@ class Runner:
         self.prior = prior
         self.cache: Mapping[str, CacheHit] = cache if cache is not None else {}
         self.observers = observers if observers is not None else Observers()
-        self.ended: list[AttemptEnded] = []     # told to observers after the commit
-        self.observed = self.observers.watching
+        #: the write side: the one transition applier and the group commit
+        self.j = j = Journal(store, run_id, self.observers, prior)
+        self._move, self._move_run, self._note = j.move, j.move_run, j.note
+        self._journal, self._flush = j.add, j.flush
         self.cancel_event = cancel_event or threading.Event()
-        self.lease: Lease | None = None
-        self.run_state: str | None = prior.state if prior else None
         self.plan = Plan(graph)
-        self.buf: list[Record] = []
-        self.changes: list[Change] = []        # told to observers after the commit
         self.starting: list[Job] = []          # handed to the executor after the commit
-        self.seq = prior.max_seq if prior else 0
         self.ready: deque[Instance] = deque()
         self.inbox: deque[Completion] = deque()
         self.wake = threading.Event()
@@ -140,7 +122,6 @@ class Runner:
         self.next_job = 0
         self.next_timer = 0
         self.inflight = 0
-        self.active = 0              # tasks not yet terminal
         self.cancelling = False
         self.cancel_reason = ""
         self.cancel_deadline: float | None = None
@@ -172,123 +153,24 @@ class Runner:
         """The ``ledgerflow_job_carrier`` hook, or None (read by older tests)."""
         return self.observers.carrier_hook
 
-    # -- the run's own records ----------------------------------------------------------
-    def create(self, *, pipeline: str, target: str | None, params: dict[str, Any],
-               options: dict[str, Any], submit: bool = False) -> Lease:
-        """Record a new run and take its lease (nothing runs yet).
+    @property
+    def lease(self) -> Lease | None:
+        """The lease this driver holds (None before :meth:`create` or :meth:`take_over`)."""
+        return self.j.lease
 
-        ``submit``: record it ``submitted``, for another process to drive (the
-        caller releases the lease without driving).
-        """
-        now = time.time()
-        records: list[Record] = [
-            RunDefined(self.run_id, pipeline, target, params_json(params), now,
-                       json.dumps(options, sort_keys=True))]
-        if not submit:
-            records.append(driver_header(1))
-        self._move_run(RunState.SUBMITTED if submit else RunState.RUNNING, "",
-                       records=records)
-        self.lease = self.store.create_run(self.run_id, records)
-        self._committed(records)
-        return self.lease
+    def create(self, **run: Any) -> Lease:
+        """Record a new run and take its lease (see :meth:`Journal.create`)."""
+        return self.j.create(**run)
 
     def take_over(self, lease: Lease) -> None:
         """Continue a run whose lease ``lease`` this process now holds (resume)."""
-        self.lease = lease
-        records: list[Record] = [driver_header(lease.token)]
-        self._move_run(RunState.RUNNING, "resumed", resume=True, records=records)
-        self.store.append(lease, records)
-        self._committed(records)
+        self.j.take_over(lease)
 
     def cancel_submitted(self, lease: Lease, reason: str) -> None:
         """End a ``submitted`` run that no driver took yet: it goes ``cancelled``."""
-        self.lease = lease
-        self._move_run(RunState.CANCELLED, reason)
-        self._flush()
-
-    def _move_run(self, target: RunState, reason: str, *, resume: bool = False,
-                  records: list[Record] | None = None) -> None:
-        """Apply one run transition: check it and record it."""
-        run_transition(self.run_id, self.run_state, target, resume=resume)
-        self.run_state = target.value
-        (self.buf if records is None else records).append(
-            RunStateChanged(target.value, reason, time.time()))
-
-    # -- task transitions ---------------------------------------------------------------
-    def _move(self, inst: Instance, target: str, reason: str = "", *,
-              resume: bool = False) -> None:
-        """Apply one task transition: check it, record it, queue it for observers."""
-        old = inst.state
-        if not old or target not in _TASK_EDGES[old]:
-            transition(inst.key, old or None, target, resume=resume)   # raises if illegal
-        self.seq += 1
-        self.buf.append(Transition(self.seq, inst.key, inst.attempt, old or None, target,
-                                   reason, time.time()))
-        inst.state = target
-        if target in _TERMINAL:
-            self.active -= 1
-        elif old in _TERMINAL or not old:
-            self.active += 1
-        if self.observed:
-            self.changes.append((self.run_id, inst.key, old or None, target, inst.attempt,
-                                 reason))
-
-    def _restore(self, inst: Instance, row: TaskRow) -> None:
-        """Take a task's state from the prior drive, then apply the resume policy."""
-        inst.state = check_restored(inst.key, row.state)
-        if inst.state not in _TERMINAL:
-            self.active += 1
-        inst.attempt = row.attempts
-        inst.used = row.attempts - row.budget_base
-        missing = inst.state == _SUCCEEDED and row.result_uri is not None \
-            and not self.store.blob_exists(row.result_uri)
-        if inst.state == _SUCCEEDED and not missing:
-            inst.hash = row.result_hash
-            inst.ref = (row.result_kind or "json", row.result_data, row.result_uri)
-            return
-        decision = decide(row, inst.node.task.options.retries, result_missing=missing)
-        if missing:
-            self._note(inst.key, inst.attempt, "result_missing",
-                       f"its result file {row.result_uri} is gone; the task runs again")
-        if decision.lost:
-            self._journal([AttemptEnded(inst.key, inst.attempt, _LOST, row.started_at,
-                                        time.time(), "",
-                                        "the driving process died while the attempt ran", "")])
-            self._recover_calls(inst.key, inst.attempt)
-        for target, reason in decision.moves:
-            self._move(inst, target.value, reason, resume=True)
-            if target == _T.PENDING:
-                inst.used = 0
-
-    def _recover_calls(self, key: str, attempt: int) -> None:
-        """Journal the model calls, tool calls and notices of an attempt that never
-        reported (lost with its process): they were kept in its call log as made."""
-        if self.folders is not None:
-            self.buf += logged_calls(self.folders[1], key, attempt)
-
-    def _note(self, key: str, attempt: int, kind: str, message: str) -> None:
-        log.warning("run %s task %s attempt %d: %s", self.run_id, key, attempt, message)
-        self.buf.append(Notice(key, attempt, kind, message, time.time()))
+        self.j.cancel_submitted(lease, reason)
 
     # -- commits ------------------------------------------------------------------------
-    def _committed(self, records: list[Record]) -> None:
-        """Hand one commit's records to ``ledgerflow_records_committed`` observers."""
-        self.observers.committed(self.run_id, records, self.store)
-
-    def _flush(self) -> None:
-        """Write the buffered records (one group commit), then tell observers."""
-        if self.buf:
-            records, self.buf = self.buf, []
-            assert self.lease is not None
-            self.store.append(self.lease, records)
-            self.observers.committed(self.run_id, records, self.store)
-        if self.changes:
-            changes, self.changes = self.changes, []
-            self.observers.changed(changes)
-        if self.ended:
-            ended, self.ended = self.ended, []
-            self.observers.ended(self.run_id, ended)
-
     def _commit(self) -> None:
         """Flush, then hand the attempts dispatched meanwhile to the executor."""
         self._flush()
@@ -310,7 +192,7 @@ class Runner:
         now = time.time()
         restored: list[Instance] = []
         for inst in created:
-            if len(self.buf) >= COMMIT_RECORDS:
+            if len(self.j.buf) >= COMMIT_RECORDS:
                 # creating many tasks: write their records as they come (nothing runs
                 # before they are committed anyway), so 100,000 new tasks are not one
                 # 15 MB commit and a crash meanwhile leaves a consistent prefix
@@ -318,13 +200,13 @@ class Runner:
             row = prior.get(inst.key)
             if row is None:
                 node = inst.node
-                self.buf.append(TaskCreated(
+                self.j.buf.append(TaskCreated(
                     inst.key, node.task.name, node.key,
                     None if inst.group is None else inst.key[len(node.key):], inst.pos,
                     [u.key for u in inst.up], node.task.version, now))
                 self._move(inst, _PENDING)
             else:
-                self._restore(inst, row)
+                self.j.restore(inst, row, self.folders[1] if self.folders else None)
                 if inst.state == _SUCCEEDED:
                     restored.append(inst)
                     continue
@@ -385,13 +267,13 @@ class Runner:
                 inst = self.ready.popleft()
                 if inst.state == _READY:
                     self._dispatch(inst)
-                if len(self.buf) >= COMMIT_RECORDS:
+                if len(self.j.buf) >= COMMIT_RECORDS:
                     self._flush()       # bound the group commit (and the journal line)
             self._commit()
             self._drain()
             if self.ready and not self.cancelling and (self.inflight < workers or self._ahead()):
                 continue
-            if self.active <= 0 and self.inflight == 0 and not self.ready:
+            if self.j.active <= 0 and self.inflight == 0 and not self.ready:
                 break
             if self.gates.open and not self.wait_approvals and not self.cancelling \
                     and self.inflight == 0 and not self.ready and not self._retries_due():
@@ -488,7 +370,7 @@ class Runner:
                 src_run, src_key, chash, kind, data, uri, size = hit
                 inst.hash = chash
                 inst.ref = (kind, data, uri)
-                self.buf.append(ResultRecorded(inst.key, inst.attempt, inst.fp, chash, kind,
+                self.j.buf.append(ResultRecorded(inst.key, inst.attempt, inst.fp, chash, kind,
                                                data, uri, size, src_run))
                 inst.fp = None
                 self._move(inst, _SUCCEEDED, f"cached: same fingerprint as {src_run}/{src_key}")
@@ -555,7 +437,7 @@ class Runner:
     def _apply_gate(self, inst: Instance, verdict: Verdict) -> bool:
         """Apply what a gate decided (see :mod:`ledgerflow.gates`); True if it passed."""
         if verdict.record is not None:
-            self.buf.append(verdict.record)
+            self.j.buf.append(verdict.record)
         if isinstance(verdict, Wait):
             self._move(inst, _WAITING_APPROVAL, verdict.reason)
             return False
@@ -684,7 +566,7 @@ class Runner:
         if outcomes.ran_late(inst.state, opts, c):
             assert opts.timeout is not None
             if c.log:
-                self.buf.append(LogRecorded(inst.key, inst.attempt, "output", c.log,
+                self.j.buf.append(LogRecorded(inst.key, inst.attempt, "output", c.log,
                                             c.log_dropped))
             self._journal(outcomes.late_records(inst.key, inst.attempt, opts.timeout, c))
             self._apply(inst, outcomes.retry_or_fail(
@@ -705,7 +587,7 @@ class Runner:
             self._note(late[0], late[1], "late_result_rejected",
                        f"result ({c.outcome}) arrived after the attempt timed out; "
                        "rejected, not applied")
-            self.buf += outcomes.spent(late[0], late[1], c)     # what it spent is real
+            self.j.buf += outcomes.spent(late[0], late[1], c)     # what it spent is real
         elif 0 < c.job_id <= len(self.job_task):   # neither running nor timed out: done
             self._note(self.job_task[c.job_id - 1].key, self.job_attempt[c.job_id - 1],
                        "duplicate_result_rejected",
@@ -713,18 +595,6 @@ class Runner:
                        "rejected")
         else:
             log.warning("run %s: report for unknown job %d ignored", self.run_id, c.job_id)
-
-    def _journal(self, records: list[Record]) -> None:
-        """Buffer records for the next commit; attempts ended are told to observers
-        after it, and a rejected late result is logged."""
-        self.buf += records
-        for r in records:
-            if type(r) is AttemptEnded:
-                if self.observers.hears_attempts:
-                    self.ended.append(r)
-            elif type(r) is Notice and r.kind == "late_result_rejected":
-                log.warning("run %s task %s attempt %d: %s", self.run_id, r.task_key,
-                            r.attempt, r.message)
 
     def _apply(self, inst: Instance, move: outcomes.Move, c: Completion | None = None) -> None:
         """Apply a move of the completion policy (:mod:`ledgerflow.outcomes`)."""
@@ -765,7 +635,7 @@ class Runner:
         if uri is not None and not c.has_value:
             inst.enc = None
             inst.ref = (enc.kind, None, uri)
-        self.buf.append(ResultRecorded(inst.key, inst.attempt, inst.fp, enc.hash, enc.kind,
+        self.j.buf.append(ResultRecorded(inst.key, inst.attempt, inst.fp, enc.hash, enc.kind,
                                        data, uri, enc.size, None))
         inst.fp = None      # recorded; a retry computes it again
         self._move(inst, _SUCCEEDED)
@@ -833,13 +703,3 @@ class Runner:
         self._move_run(state, reason)
         self._commit()
         return state.value
-
-
-def driver_header(token: int) -> DriverHeader:
-    """The record a driver writes when it takes a lease."""
-    return DriverHeader(token, os.getpid(), socket.gethostname(), time.time(), FORMAT_VERSION)
-
-
-def params_json(params: dict[str, Any]) -> str:
-    """Serialise pipeline parameters for the ledger (repr for odd values)."""
-    return json.dumps(params, default=repr, sort_keys=True)

@@ -2,9 +2,9 @@
 
 No I/O lives here, and the state names exist only here: every other module
 uses these enums and sets. :func:`transition` and :func:`run_transition`
-decide whether an edge is legal; ``Runner._move`` and ``Runner._move_run``
-are the only code that applies one (creation, the resume reset and the
-restore of a prior run included).
+decide whether an edge is legal; ``Journal.move`` and ``Journal.move_run``
+(:mod:`ledgerflow.commits`, the runner's write side) are the only code that
+applies one (creation, the resume reset and the restore of a prior run included).
 """
 
 from __future__ import annotations

@@ -1,0 +1,205 @@
+"""The group commit of one run: the one transition applier and what observers hear after it.
+
+A :class:`Journal` is the runner's write side. :meth:`Journal.move` and
+:meth:`Journal.move_run` are the only code that applies a task or run
+transition (creation, the resume reset and the restore of a prior run
+included: :meth:`Journal.restore` applies :func:`ledgerflow.resume.decide`).
+Records are buffered and written in one :meth:`Journal.flush` (the group
+commit); observers hear of them after it returned (see the run protocol in
+:mod:`ledgerflow.hookspecs`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+from .attempt_log import logged_calls
+from .observers import Change, Observers
+from .records import (
+    FORMAT_VERSION,
+    AttemptEnded,
+    DriverHeader,
+    Notice,
+    Record,
+    RunDefined,
+    RunStateChanged,
+    Transition,
+)
+from .resume import decide
+from .states import (
+    _TASK_EDGES,
+    TERMINAL,
+    Outcome,
+    RunState,
+    TaskState,
+    check_restored,
+    run_transition,
+    transition,
+)
+
+if TYPE_CHECKING:
+    from .plan import Instance
+    from .store import Lease, RunStore
+    from .views import RunView, TaskRow
+
+log = logging.getLogger("ledgerflow")
+
+_TERMINAL = frozenset(s.value for s in TERMINAL)
+_SUCCEEDED, _PENDING = TaskState.SUCCEEDED.value, TaskState.PENDING
+_LOST = Outcome.LOST.value
+
+
+class Journal:
+    """The records of one drive, buffered until the next group commit."""
+
+    __slots__ = ("active", "buf", "changes", "ended", "hears_attempts", "lease", "observed",
+                 "observers", "run_id", "run_state", "seq", "store")
+
+    def __init__(self, store: RunStore, run_id: str, observers: Observers,
+                 prior: RunView | None) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.observers = observers
+        self.lease: Lease | None = None
+        self.run_state: str | None = prior.state if prior else None
+        self.seq = prior.max_seq if prior else 0
+        self.buf: list[Record] = []
+        self.changes: list[Change] = []         # told to observers after the commit
+        self.ended: list[AttemptEnded] = []     # told to observers after the commit
+        self.active = 0                          # tasks not yet terminal
+        self.observed = observers.watching
+        self.hears_attempts = observers.hears_attempts
+
+    # -- the run's own records ----------------------------------------------------------
+    def create(self, *, pipeline: str, target: str | None, params: dict[str, Any],
+               options: dict[str, Any], submit: bool = False) -> Lease:
+        """Record a new run and take its lease (nothing runs yet).
+
+        ``submit``: record it ``submitted``, for another process to drive (the
+        caller releases the lease without driving).
+        """
+        now = time.time()
+        records: list[Record] = [
+            RunDefined(self.run_id, pipeline, target, params_json(params), now,
+                       json.dumps(options, sort_keys=True))]
+        if not submit:
+            records.append(driver_header(1))
+        self.move_run(RunState.SUBMITTED if submit else RunState.RUNNING, "", records=records)
+        self.lease = self.store.create_run(self.run_id, records)
+        self.observers.committed(self.run_id, records, self.store)
+        return self.lease
+
+    def take_over(self, lease: Lease) -> None:
+        """Continue a run whose lease ``lease`` this process now holds (resume)."""
+        self.lease = lease
+        records: list[Record] = [driver_header(lease.token)]
+        self.move_run(RunState.RUNNING, "resumed", resume=True, records=records)
+        self.store.append(lease, records)
+        self.observers.committed(self.run_id, records, self.store)
+
+    def cancel_submitted(self, lease: Lease, reason: str) -> None:
+        """End a ``submitted`` run that no driver took yet: it goes ``cancelled``."""
+        self.lease = lease
+        self.move_run(RunState.CANCELLED, reason)
+        self.flush()
+
+    # -- transitions --------------------------------------------------------------------
+    def move_run(self, target: RunState, reason: str, *, resume: bool = False,
+                 records: list[Record] | None = None) -> None:
+        """Apply one run transition: check it and record it."""
+        run_transition(self.run_id, self.run_state, target, resume=resume)
+        self.run_state = target.value
+        (self.buf if records is None else records).append(
+            RunStateChanged(target.value, reason, time.time()))
+
+    def move(self, inst: Instance, target: str, reason: str = "", *,
+             resume: bool = False) -> None:
+        """Apply one task transition: check it, record it, queue it for observers."""
+        old = inst.state
+        if not old or target not in _TASK_EDGES[old]:
+            transition(inst.key, old or None, target, resume=resume)   # raises if illegal
+        self.seq += 1
+        self.buf.append(Transition(self.seq, inst.key, inst.attempt, old or None, target,
+                                   reason, time.time()))
+        inst.state = target
+        if target in _TERMINAL:
+            self.active -= 1
+        elif old in _TERMINAL or not old:
+            self.active += 1
+        if self.observed:
+            self.changes.append((self.run_id, inst.key, old or None, target, inst.attempt,
+                                 reason))
+
+    def restore(self, inst: Instance, row: TaskRow, run_folder: str | None) -> None:
+        """Take a task's state from the prior drive, then apply the resume policy."""
+        inst.state = check_restored(inst.key, row.state)
+        if inst.state not in _TERMINAL:
+            self.active += 1
+        inst.attempt = row.attempts
+        inst.used = row.attempts - row.budget_base
+        missing = inst.state == _SUCCEEDED and row.result_uri is not None \
+            and not self.store.blob_exists(row.result_uri)
+        if inst.state == _SUCCEEDED and not missing:
+            inst.hash = row.result_hash
+            inst.ref = (row.result_kind or "json", row.result_data, row.result_uri)
+            return
+        decision = decide(row, inst.node.task.options.retries, result_missing=missing)
+        if missing:
+            self.note(inst.key, inst.attempt, "result_missing",
+                      f"its result file {row.result_uri} is gone; the task runs again")
+        if decision.lost:
+            self.add([AttemptEnded(inst.key, inst.attempt, _LOST, row.started_at, time.time(),
+                                   "", "the driving process died while the attempt ran", "")])
+            if run_folder is not None:      # what it did was kept in its call log as made
+                self.buf += logged_calls(run_folder, inst.key, inst.attempt)
+        for target, reason in decision.moves:
+            self.move(inst, target.value, reason, resume=True)
+            if target == _PENDING:
+                inst.used = 0
+
+    # -- records ------------------------------------------------------------------------
+    def add(self, records: list[Record]) -> None:
+        """Buffer records; attempts ended are told to observers after the commit, and a
+        rejected late result is logged."""
+        self.buf += records
+        for r in records:
+            if type(r) is AttemptEnded:
+                if self.hears_attempts:
+                    self.ended.append(r)
+            elif type(r) is Notice and r.kind == "late_result_rejected":
+                log.warning("run %s task %s attempt %d: %s", self.run_id, r.task_key,
+                            r.attempt, r.message)
+
+    def note(self, key: str, attempt: int, kind: str, message: str) -> None:
+        """Record a notice for an attempt (and log it)."""
+        log.warning("run %s task %s attempt %d: %s", self.run_id, key, attempt, message)
+        self.buf.append(Notice(key, attempt, kind, message, time.time()))
+
+    def flush(self) -> None:
+        """Write the buffered records (one group commit), then tell observers."""
+        if self.buf:
+            records, self.buf = self.buf, []
+            assert self.lease is not None
+            self.store.append(self.lease, records)
+            self.observers.committed(self.run_id, records, self.store)
+        if self.changes:
+            changes, self.changes = self.changes, []
+            self.observers.changed(changes)
+        if self.ended:
+            ended, self.ended = self.ended, []
+            self.observers.ended(self.run_id, ended)
+
+
+def driver_header(token: int) -> DriverHeader:
+    """The record a driver writes when it takes a lease."""
+    return DriverHeader(token, os.getpid(), socket.gethostname(), time.time(), FORMAT_VERSION)
+
+
+def params_json(params: dict[str, Any]) -> str:
+    """Serialise pipeline parameters for the ledger (repr for odd values)."""
+    return json.dumps(params, default=repr, sort_keys=True)
