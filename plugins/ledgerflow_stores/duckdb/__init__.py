@@ -3,7 +3,7 @@
 Modules, one concept each: :mod:`.store` (the store façade), :mod:`.schema`
 (tables and migrations), :mod:`.connection` (opening the file, lock waits),
 :mod:`.journal` (segments and their lines), :mod:`.fold` (journals into
-tables), :mod:`.lease` (leases, heartbeat, liveness, cancel requests),
+tables, in batches), :mod:`.batch` (one batch's set-based SQL), :mod:`.lease` (leases, heartbeat, liveness, cancel requests),
 :mod:`.queries` (reads of the tables); the reads themselves are
 :class:`ledgerflow.ledger.RecordReads`, result files :mod:`ledgerflow.blobs`.
 """

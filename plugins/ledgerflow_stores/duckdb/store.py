@@ -42,9 +42,10 @@ from ledgerflow.store import CacheHit, Lease
 from ledgerflow.views import RunView
 
 from . import doctor, queries
+from .batch import RUN_TERMINAL_VALUES
 from .connection import Ledger
 from .decisions import Decisions
-from .fold import RUN_TERMINAL_VALUES, BackgroundFold, Fold, FoldPolicy
+from .fold import BackgroundFold, Fold, FoldPolicy
 from .journal import Journals, read_records
 from .lease import Heartbeat, Leases
 
