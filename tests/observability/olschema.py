@@ -31,7 +31,7 @@ from openlineage.client.event_v2 import RunEvent
 from openlineage.client.serde import Serde
 
 import ledgerflow_observability
-from ledgerflow_observability import _openlineage
+from ledgerflow_observability import _olfacets
 
 SCHEMAS = Path(ledgerflow_observability.__file__).parent / "schemas"
 
@@ -43,7 +43,7 @@ def _facet_classes() -> dict[str, type[Any]]:
         for obj in vars(module).values():
             if isinstance(obj, type) and attr.has(obj) and "_get_schema" in vars(obj):
                 out.setdefault(obj._get_schema(), obj)
-    for cls in _openlineage.CUSTOM_FACETS:
+    for cls in _olfacets.CUSTOM_FACETS:
         out[cls._get_schema()] = cls
     return out
 
