@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .keys import digest
@@ -99,6 +99,41 @@ def logged_steps(run_folder: str, task_key: str) -> list[tuple[str, str, str]]:
     """The steps in a task's step log, oldest first: (name, kind, data)."""
     return [(e["name"], e["kind"], e["data"])
             for e in read_lines(step_log_path(run_folder, task_key))]
+
+
+class StepResults:
+    """The step results a run recorded, by task: what an attempt gets back instead of
+    doing a step again (``context().step``)."""
+
+    __slots__ = ("by_task", "run_folder")
+
+    _NONE: dict[str, tuple[str, str]] = {}
+
+    def __init__(self, run_folder: str | None) -> None:
+        self.run_folder = run_folder
+        self.by_task: dict[str, dict[str, tuple[str, str]]] = {}
+
+    def load(self, rows: Iterable[dict[str, Any]]) -> None:
+        """The steps a prior drive journaled (``RunStore.steps``)."""
+        for st in rows:
+            self.by_task.setdefault(st["task_key"], {})[st["name"]] = (st["kind"], st["data"])
+
+    def reported(self, task_key: str, steps: Sequence[tuple[str, str, str, str]]) -> None:
+        """The steps an ended attempt reported: (name, kind, data, hash)."""
+        if steps:
+            recorded = self.by_task.setdefault(task_key, {})
+            for name, kind, data, _ in steps:
+                recorded[name] = (kind, data)
+
+    def for_attempt(self, task_key: str, attempt: int) -> dict[str, tuple[str, str]]:
+        """The steps attempt ``attempt`` gets: those journaled and, for attempts that never
+        reported (e.g. lost with their process), those in the task's step log."""
+        if attempt <= 1 or self.run_folder is None:
+            return self.by_task.get(task_key, self._NONE)
+        recorded = self.by_task.setdefault(task_key, {})
+        for name, kind, data in logged_steps(self.run_folder, task_key):
+            recorded.setdefault(name, (kind, data))
+        return recorded
 
 
 def logged_calls(run_folder: str, task_key: str, attempt: int) -> list[Record]:

@@ -373,3 +373,27 @@ def _fill(value: Any, plan: Plan, resolve: Resolver) -> Any:
     if t is dict:
         return {k: _fill(v, plan, resolve) for k, v in value.items()}
     return value
+
+
+def resolver(plan: Plan, read_blob: Callable[[str, str | None, str | None], Any]) -> Resolver:
+    """The function that gives a task's (or a fan-out's) result value to its dependents:
+    kept in memory, decoded from what the attempt reported, or read from the store."""
+    from .errors import PipelineError
+    from .results import decode
+
+    def resolve(thing: Any) -> Any:
+        if not isinstance(thing, Instance):
+            return plan.group_value(thing, resolve)
+        if thing.value is not UNSET:
+            return thing.value
+        if thing.enc is not None:
+            value = decode(thing.enc.kind, thing.enc.data)
+        elif thing.ref is not None:
+            kind, data, uri = thing.ref
+            value = read_blob(kind, data, uri)
+        else:
+            raise PipelineError(f"result of task {thing.key!r} is not available",
+                                hint="resume the run so the task runs again")
+        thing.value = value
+        return value
+    return resolve

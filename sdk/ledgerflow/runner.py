@@ -25,13 +25,13 @@ from typing import Any
 from . import outcomes
 from ._gc import quiet_gc
 from .approval import task_digest
-from .attempt_log import logged_steps
+from .attempt_log import StepResults
+from .caching import Cache
 from .commits import Journal
 from .config import Settings
 from .errors import (
     InvalidTransitionError,
     LeaseLostError,
-    PipelineError,
 )
 from .executor import (
     Completion,
@@ -44,15 +44,13 @@ from .executor import (
 )
 from .gates import Gates, Pass, Refuse, Verdict, Wait
 from .graph import Graph
-from .keys import fingerprint_base, finish_fingerprint
 from .observers import Observers
-from .plan import UNSET, Instance, Plan
+from .plan import Instance, Plan, resolver
 from .records import (
     LogRecorded,
     ResultRecorded,
     TaskCreated,
 )
-from .results import decode
 from .states import (
     FAILED_LIKE,
     IN_FLIGHT,
@@ -100,7 +98,7 @@ class Runner:
         self.settings = settings
         self.run_id = run_id
         self.prior = prior
-        self.cache: Mapping[str, CacheHit] = cache if cache is not None else {}
+        self.cache = Cache(cache if cache is not None else {}, store)
         self.observers = observers if observers is not None else Observers()
         #: the write side: the one transition applier and the group commit
         self.j = j = Journal(store, run_id, self.observers, prior)
@@ -108,6 +106,7 @@ class Runner:
         self._journal, self._flush = j.add, j.flush
         self.cancel_event = cancel_event or threading.Event()
         self.plan = Plan(graph)
+        self._resolve = resolver(self.plan, store.read_blob)
         self.starting: list[Job] = []          # handed to the executor after the commit
         self.ready: deque[Instance] = deque()
         self.inbox: deque[Completion] = deque()
@@ -129,7 +128,6 @@ class Runner:
         self.cancelled_tasks = 0
         self.rand = random.Random()
         self.next_poll = 0.0
-        self.fp_base: dict[Any, Any] = {}        # task -> its fingerprint's fixed part
         self._driver = threading.get_ident()
         self.in_driver = runs_in_driver(executor)
         self.workers = 1 if self.in_driver else settings.workers
@@ -138,8 +136,8 @@ class Runner:
         self.echo = settings.logs
         self.wait_approvals = settings.wait_approvals
         self.gates = Gates()        # approval gates: what they decide, the runner applies
-        self.steps: dict[str, dict[str, tuple[str, str]]] = {}
         self.folders: tuple[str, str] | None = worker_folders(store, run_id)
+        self.steps = StepResults(self.folders[1] if self.folders else None)
         #: the store's optional lease-loss probe (see :meth:`_check_lease`)
         self.lease_probe: Callable[[Lease], str | None] | None = lease_probe(store)
 
@@ -323,22 +321,6 @@ class Runner:
         while inbox:
             self._complete(inbox.popleft())
 
-    def _resolve(self, thing: Any) -> Any:
-        if not isinstance(thing, Instance):
-            return self.plan.group_value(thing, self._resolve)
-        if thing.value is not UNSET:
-            return thing.value
-        if thing.enc is not None:
-            value = decode(thing.enc.kind, thing.enc.data)
-        elif thing.ref is not None:
-            kind, data, uri = thing.ref
-            value = self.store.read_blob(kind, data, uri)
-        else:
-            raise PipelineError(f"result of task {thing.key!r} is not available",
-                                hint="resume the run so the task runs again")
-        thing.value = value
-        return value
-
     def _dispatch(self, inst: Instance) -> None:
         """A cache hit, or an attempt moved to ``running`` and queued for the commit."""
         node = inst.node
@@ -348,30 +330,17 @@ class Runner:
         except Exception as exc:
             self._give_up(inst, f"could not load upstream results: {exc}")
             return
-        extra = node.task._extra_fingerprint(args, kwargs)   # must not raise
         ups = [u.hash or "" for u in inst.up] if inst.up else ()
-        base = self.fp_base.get(node.task)
-        if base is None:
-            base = self.fp_base[node.task] = fingerprint_base(node.task.name, node.task.version)
-        literals = self.plan.literal_bytes(inst)
-        if extra:
-            literals += b"\x00" + extra
-        inst.fp = finish_fingerprint(base, literals, ups)
+        inst.fp, literals = self.cache.fingerprint(self.plan, inst, args, kwargs, ups)
         rejected = ""
         if opts.cache:
-            hit = self.cache.get(inst.fp)
-            if hit is not None and hit[5] is not None and not self.store.blob_exists(hit[5]):
-                hit = None      # its result file is gone: run the task instead
-            if hit is not None and opts.verify is not None:
-                rejected = self._verify(opts.verify, inst, hit, args, kwargs)
-                if rejected:
-                    hit = None
+            hit, rejected = self.cache.lookup(inst, inst.fp, args, kwargs)
             if hit is not None:
                 src_run, src_key, chash, kind, data, uri, size = hit
                 inst.hash = chash
                 inst.ref = (kind, data, uri)
                 self.j.buf.append(ResultRecorded(inst.key, inst.attempt, inst.fp, chash, kind,
-                                               data, uri, size, src_run))
+                                                 data, uri, size, src_run))
                 inst.fp = None
                 self._move(inst, _SUCCEEDED, f"cached: same fingerprint as {src_run}/{src_key}")
                 self._unlock(inst)
@@ -386,7 +355,7 @@ class Runner:
                   timeout=opts.timeout, task_name=node.task.name,  # idempotency key: lazily
                   echo=self.echo, code_version=node.task.version,
                   approvals=self.gates.decisions_for(inst.key),
-                  steps=self._steps_for(inst),
+                  steps=self.steps.for_attempt(inst.key, inst.attempt),
                   ledger_folder=self.folders[0] if self.folders else None,
                   run_folder=self.folders[1] if self.folders else None)
         inst.job = job
@@ -453,48 +422,16 @@ class Runner:
                 self._move(inst, _READY, f"approved by {verdict.by}")
                 self.ready.append(inst)
 
-    def _steps_for(self, inst: Instance) -> dict[str, tuple[str, str]]:
-        """Steps recorded for a task: at attempt ends, and (for attempts that never
-        reported, e.g. lost with their process) in its step log."""
-        if inst.attempt <= 1 or self.folders is None:
-            return self.steps.get(inst.key, _NO_STEPS)
-        recorded = self.steps.setdefault(inst.key, {})
-        for name, kind, data in logged_steps(self.folders[1], inst.key):
-            recorded.setdefault(name, (kind, data))
-        return recorded
-
     def _load_signals(self) -> None:
         """What a prior drive recorded: requests, decisions and step results."""
         self.gates.load(self.store, self.run_id)
-        for st in self.store.steps(self.run_id):
-            self.steps.setdefault(st["task_key"], {})[st["name"]] = (st["kind"], st["data"])
+        self.steps.load(self.store.steps(self.run_id))
 
     def _finish_waiting(self) -> str:
         """Nothing can run until a person decides: stop driving, the run ``waiting``."""
         self._move_run(RunState.WAITING, f"{len(self.gates.open)} approval(s) pending")
         self._commit()
         return RunState.WAITING.value
-
-    def _verify(self, verify: Callable[..., object], inst: Instance, hit: tuple[Any, ...],
-                args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        """Check a cache hit of a task with ``verify=``; return why it was rejected, or "".
-
-        Runs in the driver, with the cached result and the task's resolved
-        arguments. Only True accepts; False or an exception rejects (the task
-        then runs, and the reason lands in the ``running`` transition).
-        """
-        src_run, src_key, _, kind, data, uri, _ = hit
-        where = f"{src_run}/{src_key}"
-        try:
-            value = self.store.read_blob(kind, data, uri)
-            ok = verify(value, *args, **kwargs)
-        except BaseException as exc:  # user code (sys.exit too): a failing check = "not verified"
-            return f"; cache hit rejected by verify: {type(exc).__name__}: {exc} ({where})"
-        if ok is True:
-            inst.value = value      # read once: dependents use it as it is
-            return ""
-        name = getattr(verify, "__qualname__", repr(verify))
-        return f"; cache hit rejected by verify: {name} returned {ok!r} ({where})"
 
     def _cancel_seen(self) -> bool:
         if self.lease_probe is not None and self.lease is not None \
@@ -574,10 +511,7 @@ class Runner:
                 None, self.rand))
             return
         self._journal(outcomes.reported(inst.key, inst.attempt, c))
-        if c.steps:
-            recorded = self.steps.setdefault(inst.key, {})
-            for name, kind, data, _ in c.steps:
-                recorded[name] = (kind, data)
+        self.steps.reported(inst.key, c.steps)
         self._apply(inst, outcomes.settle(inst.state, opts, inst.used, c, self.rand), c)
 
     def _stray(self, c: Completion) -> None:
