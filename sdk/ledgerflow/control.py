@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from typing import Any
 
@@ -25,6 +26,7 @@ from .launch import (
     make_executor,
     new_run_id,
     open_ledger,
+    output_from_json,
     read_run,
     refuse_resume,
     resume_inputs,
@@ -230,6 +232,28 @@ def ledger_location(store: StoreArg = None) -> str:
     return str(settings_for(store).store)
 
 
+def result_of(run: Run, view: RunView) -> Any:
+    """The pipeline's value of ``run``, filled from ``view`` (just read, with its task
+    rows) rather than from a new read; raises as :meth:`Run.result` does."""
+    if view.state != RunState.SUCCEEDED or not view.tasks:
+        return run.result()
+    if run.graph is not None:
+        output = run.graph.output
+    else:
+        recorded = json.loads(view.options or "{}")
+        if "output" not in recorded:
+            return run.result()     # says why it cannot
+        output = output_from_json(recorded["output"])
+    return run._fill(output, view)     # the handle's own filling, on this view
+
+
+def ledger_kind(store: StoreArg = None) -> str:
+    """The store plugin that keeps ``store`` (``duckdb``, ``postgres``, ``memory``...)."""
+    if store is not None and not isinstance(store, str):
+        return str(store.name)
+    return settings_for(store).store_kind
+
+
 def reads(run: Run) -> contextlib.AbstractContextManager[None]:
     """A block of reads of ``run`` sharing one ledger connection (see store.reading)."""
     return reading(run.store)
@@ -310,9 +334,12 @@ def cancel(run_id: str, *, store: StoreArg = None) -> None:
     st = open_ledger(store)
     st.recover()
     view = st.get_run(run_id, tasks=False)
+    if view.state == RunState.SUCCEEDED:
+        raise RunEndedError(f"run {run_id} already succeeded; nothing to cancel",
+                            hint=f"see it with: pipeline status {run_id}")
     if view.state in RUN_TERMINAL:
         raise RunEndedError(f"run {run_id} already ended {view.state}; nothing to cancel",
-                            hint=f"start it again with: pipeline resume {run_id}")
+                            hint=f"continue it with: pipeline resume {run_id}")
     if view.state == RunState.SUBMITTED:
         cancel_submitted(view, st)
         return

@@ -22,7 +22,7 @@ from ..states import RunState
 from .guard import guard
 from .options import DASK, EXECUTOR, JSON, LOGS, PARAMS, STORE, WAIT, WORKERS, main
 from .params import convert_params
-from .render import ROW_LIMIT, dumps, out, progress_for, summary
+from .render import ROW_LIMIT, dumps, out, progress_for, run_json, summary
 
 
 def drive(start: Callable[[threading.Event, Any], api.Run], as_json: bool, run_id: str,
@@ -102,21 +102,54 @@ def _driven(start: Callable[[threading.Event, Any], api.Run], as_json: bool, run
         progress.close()
 
 
+def shape(graph: Any) -> str:
+    """``5 tasks``, or ``3 tasks + 2 fan-outs (their tasks are made as they run)``: what
+    the graph holds before it runs (a fan-out's items are known only then)."""
+    maps = sum(1 for node in graph if node.is_map)
+    plain = len(graph) - maps
+    text = f"{plain} task{'s' if plain != 1 else ''}"
+    if maps:
+        text += (f" + {maps} fan-out{'s' if maps != 1 else ''} "
+                 "(their tasks are made as they run)")
+    return text
+
+
 def finish(run: api.Run, as_json: bool) -> None:
     """Print how ``run`` ended (its table, or its JSON) and exit with its code."""
     view = api.view(run, summed_above=None if as_json else ROW_LIMIT)
     waiting = view.state == RunState.WAITING
     if as_json:
-        out(dumps(view.as_json()))
+        out(dumps(run_json(view)))
     else:
         summary(view)
         if waiting:
             pending_lines(run.approvals(pending_only=True), view.run_id)
+        if view.state == RunState.SUCCEEDED:
+            out(f"result:  {result_preview(run, view)}")
         out(f"details: pipeline status {view.run_id}")
         if view.state != RunState.SUCCEEDED:
             out(f"resume:  pipeline resume {view.run_id}"
                 + ("   (once the approvals are decided)" if waiting else ""))
     sys.exit(0 if view.state == RunState.SUCCEEDED else 3 if waiting else 1)
+
+
+#: Above this many tasks the closing lines do not read the result (``pipeline result``).
+PREVIEW_TASKS = 50
+#: Characters of a result shown after a run.
+PREVIEW_CHARS = 200
+
+
+def result_preview(run: api.Run, view: Any) -> str:
+    """The pipeline's result in one line (cut), or where to read it for a big run."""
+    if view.groups is not None or len(view.tasks) > PREVIEW_TASKS:
+        return f"pipeline result {view.run_id}"
+    try:
+        text = repr(api.result_of(run, view))
+    except Exception as exc:    # an unreadable result must not hide how the run ended
+        return f"not shown ({type(exc).__name__}: {exc}); pipeline result {view.run_id}"
+    if len(text) > PREVIEW_CHARS:
+        text = text[:PREVIEW_CHARS] + f"...  (all of it: pipeline result {view.run_id})"
+    return text
 
 
 def pending_lines(rows: list[dict[str, Any]], run_id: str) -> None:
@@ -173,7 +206,7 @@ def run(target: str, params: tuple[str, ...], store: str | None, executor: str |
     if type(pipe).admit is not Pipeline.admit:  # e.g. a draft nobody approved: refused here
         pipe.admit(api.open_ledger(store))
     run_id = api.new_run_id()
-    header = f"run {run_id}  pipeline {pipe.name}  ({len(graph)} steps)"
+    header = f"run {run_id}  pipeline {pipe.name}  ({shape(graph)})"
 
     def start(cancel: threading.Event, progress: Any) -> api.Run:
         return api.start(pipe, (), values, store=store, executor=executor, workers=workers,
@@ -208,7 +241,10 @@ def submit(target: str, params: tuple[str, ...], store: str | None, as_json: boo
         out(dumps({"run_id": run_id, "pipeline": pipe.name, "state": RunState.SUBMITTED.value}))
     else:
         out(f"run {run_id}  pipeline {pipe.name}  submitted")
-        out(f"drive it: pipeline worker --store ...   or: pipeline resume {run_id}")
+        if api.ledger_kind(store) == "postgres":
+            out(f"drive it: pipeline worker --store ...   or: pipeline resume {run_id}")
+        else:       # pipeline worker claims runs of a PostgreSQL ledger only
+            out(f"drive it: pipeline resume {run_id}")
 
 
 @main.command()

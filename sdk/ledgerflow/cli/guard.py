@@ -9,6 +9,7 @@ printed). ``--debug`` works before or after the command name.
 from __future__ import annotations
 
 import functools
+import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -39,12 +40,23 @@ def debugging() -> bool:
 
 def fail(exc: PipelineError, debug: bool) -> None:
     """Print ``exc`` as Error/Hint lines and exit with its code."""
+    message, hint = str(exc), exc.hint
     if debug:
         traceback.print_exception(exc)
-    out(f"Error: {exc}", err=True)
-    if exc.hint:
-        out(f"Hint: {exc.hint}", err=True)
+        # the traceback is above: no "(run with --debug ...)" advice
+        message, hint = _undebug(message), _undebug(hint) if hint else hint
+    out(f"Error: {message}", err=True)
+    if hint:
+        out(f"Hint: {hint}", err=True)
     sys.exit(exc.exit_code)
+
+
+_ASK_DEBUG = re.compile(r"\s*\(run with --debug[^)]*\)|\s*run with --debug[^;.)]*[;.]?")
+
+
+def _undebug(text: str) -> str:
+    """``text`` without advice to run with ``--debug`` (it is on)."""
+    return _ASK_DEBUG.sub("", text).strip()
 
 
 def guard(fn: F) -> F:

@@ -1,4 +1,5 @@
-"""The reading commands: ``status``, ``logs``, ``runs``, ``lineage``, ``graph``, ``usage``.
+"""The reading commands: ``status``, ``result``, ``logs``, ``runs``, ``lineage``, ``graph``,
+``usage``.
 
 Each reads a run through :mod:`ledgerflow.control` (the :class:`~ledgerflow.launch.Run`
 handle and its views) and renders it; none writes to the ledger.
@@ -18,7 +19,7 @@ from .drive import pending_lines
 from .guard import guard
 from .options import JSON, PARAMS, STORE, main
 from .params import convert_params
-from .render import STATUS_ROWS, dumps, out, summary, task_lines
+from .render import STATUS_ROWS, attempts_json, dumps, out, run_json, summary, task_lines
 
 
 @main.command()
@@ -51,7 +52,7 @@ def _status(run: api.Run, task_key: str | None, all_rows: bool, as_json: bool) -
         _task_status(run, view, task_key, as_json)
         return
     if as_json:
-        out(dumps(view.as_json()))
+        out(dumps(run_json(view)))
         return
     summary(view, all_rows=True, every_row=all_rows)
     decided = api.decisions(run)
@@ -74,7 +75,7 @@ def _task_status(run: api.Run, view: RunView, task_key: str, as_json: bool) -> N
         raise TaskNotFoundError(view.run_id, task_key, view.tasks)
     attempts = run.attempts(task_key)
     if as_json:
-        out(dumps({**row.as_json(), "attempts": attempts}))
+        out(dumps({**row.as_json(), "attempts": attempts_json(attempts)}))
         return
     for line in task_lines(row, attempts):
         out(line)
@@ -260,3 +261,31 @@ def usage(run_id: str, store: str | None, as_json: bool) -> None:
             for r in rows:
                 out(f"  {r[group]:<40} {r['model_calls']:>5} calls {r['tokens']:>9} tokens "
                     f"cost {r['cost']:.6g}")
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--task", "task_key", metavar="KEY", envvar="LEDGERFLOW_TASK",
+              help="One task's result instead of the pipeline's.")
+@STORE
+@JSON
+@guard
+def result(run_id: str, task_key: str | None, store: str | None, as_json: bool) -> None:
+    """Print a run's result: what its pipeline returned (or one task's value).
+
+    Text as it is, other values as Python shows them; --json as JSON (values
+    JSON cannot hold as their text).
+
+    \b
+    Example:
+      pipeline result 20261129-194138-3fa9c2 --json
+      pipeline result 20261129-194138-3fa9c2 --task 'embed[a.md]'
+    """
+    value = api.get_run(run_id, store=store).result(task_key)
+    if as_json:
+        out(dumps(value))
+    elif isinstance(value, str):
+        out(value)
+    else:
+        import pprint
+        out(pprint.pformat(value, width=100, sort_dicts=False))

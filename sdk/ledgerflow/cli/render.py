@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from ..states import FAILED_LIKE, IN_FLIGHT, TERMINAL, TaskState
-from ..views import RunView, TaskGroup, TaskRow, counts_text
+from ..views import RunView, TaskGroup, TaskRow, counts_text, iso
 
 #: Above this many tasks, tables and logs show one row per task name.
 ROW_LIMIT = 50
@@ -116,12 +116,21 @@ class Bar:
             TextColumn,
             TimeElapsedColumn,
         )
+        from rich.text import Text
+
+        bar = self
+
+        class Detail(TextColumn):       # read at each refresh: never a transition behind
+            def render(self, task: Any) -> Text:
+                c = bar.counts
+                return Text(f"running {c.get(TaskState.RUNNING)}  "
+                            f"failed {c.get(TaskState.FAILED)}")
+
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
-                                 MofNCompleteColumn(), TextColumn("{task.fields[detail]}"),
+                                 MofNCompleteColumn(), Detail(""),
                                  TimeElapsedColumn(), transient=False)
         self.counts = Counts(initial)
-        self.task = self.progress.add_task("tasks", total=self.counts.total or None,
-                                           detail="")
+        self.task = self.progress.add_task("tasks", total=self.counts.total or None)
         self.progress.start()
         self.last = 0.0
 
@@ -140,8 +149,7 @@ class Bar:
 
     def _draw(self) -> None:
         c = self.counts
-        self.progress.update(self.task, total=c.total, completed=c.ended,
-                             detail=f"running {c.get(TaskState.RUNNING)}  failed {c.get(TaskState.FAILED)}")
+        self.progress.update(self.task, total=c.total, completed=c.ended)
 
     def close(self) -> None:
         self._draw()
@@ -153,6 +161,23 @@ def progress_for(as_json: bool, initial: Mapping[str, int] | None = None) -> Any
     if as_json:
         return None
     return Bar(initial) if sys.stdout.isatty() else Lines(initial)
+
+
+def run_json(view: RunView) -> dict[str, Any]:
+    """``status --json`` (and ``run``/``resume --json``): the run, its tasks, and its
+    root cause (the earliest task that failed by itself, or null)."""
+    doc = view.as_json()
+    causes = view.root_causes() if view.groups is None else \
+        [view.first_failure] if view.first_failure is not None else []
+    first = causes[0] if causes else None
+    doc["root_cause"] = None if first is None else {"key": first.key, "error": first.error}
+    return doc
+
+
+def attempts_json(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Attempts with ISO times, as the task rows have them."""
+    return [{**a, "started_at": iso(a.get("started_at")), "ended_at": iso(a.get("ended_at"))}
+            for a in attempts]
 
 
 def dumps(doc: object) -> str:
