@@ -15,10 +15,13 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .attempt_log import logged_calls
+from .errors import LeaseLostError
 from .observers import Change, Observers
 from .records import (
     FORMAT_VERSION,
@@ -41,6 +44,7 @@ from .states import (
     run_transition,
     transition,
 )
+from .store import lease_probe
 
 if TYPE_CHECKING:
     from .plan import Instance
@@ -57,8 +61,8 @@ _LOST = Outcome.LOST.value
 class Journal:
     """The records of one drive, buffered until the next group commit."""
 
-    __slots__ = ("active", "buf", "changes", "ended", "hears_attempts", "lease", "observed",
-                 "observers", "run_id", "run_state", "seq", "store")
+    __slots__ = ("active", "buf", "changes", "ended", "hears_attempts", "lease", "lease_probe",
+                 "observed", "observers", "run_id", "run_state", "seq", "store")
 
     def __init__(self, store: RunStore, run_id: str, observers: Observers,
                  prior: RunView | None) -> None:
@@ -74,6 +78,8 @@ class Journal:
         self.active = 0                          # tasks not yet terminal
         self.observed = observers.watching
         self.hears_attempts = observers.hears_attempts
+        #: the store's optional lease-loss probe (see :meth:`check_lease`)
+        self.lease_probe: Callable[[Lease], str | None] | None = lease_probe(store)
 
     # -- the run's own records ----------------------------------------------------------
     def create(self, *, pipeline: str, target: str | None, params: dict[str, Any],
@@ -107,6 +113,34 @@ class Journal:
         self.lease = lease
         self.move_run(RunState.CANCELLED, reason)
         self.flush()
+
+    # -- the lease ----------------------------------------------------------------------
+    def lost(self) -> str | None:
+        """Why this driver lost its lease (None while it holds, or the store cannot say)."""
+        if self.lease_probe is None or self.lease is None:
+            return None
+        return self.lease_probe(self.lease)
+
+    def check_lease(self) -> None:
+        """Raise LeaseLostError once the store says this driver lost its lease.
+
+        A store may offer a cheap, local lease-loss probe (``store.lease_probe``);
+        the runner polls it with its cancel check, so a fenced driver stops
+        dispatching and its in-flight work is cancelled (``executor.shutdown``)
+        without waiting for its next commit to be refused.
+        """
+        reason = self.lost()
+        if reason is not None:
+            raise LeaseLostError(f"lease lost: {reason}",
+                                 hint=f"the run is driven elsewhere or resumable: "
+                                 f"pipeline status {self.run_id}")
+
+    def stop_seen(self, cancel_event: threading.Event) -> bool:
+        """True once the run should stop: a cancel asked here or in the ledger (by any
+        process), or a lease this driver lost."""
+        if self.lost() is not None:
+            return True     # a driver that lost its lease stops its work
+        return cancel_event.is_set() or self.store.cancel_requested(self.run_id)
 
     # -- transitions --------------------------------------------------------------------
     def move_run(self, target: RunState, reason: str, *, resume: bool = False,

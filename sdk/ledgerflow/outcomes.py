@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from .attempt_log import call_records
 from .records import ArtifactRecorded, AttemptEnded, LogRecorded, Notice, Record, StepRecorded
-from .states import Outcome, TaskState
+from .states import Outcome, RunState, TaskState
 
 if TYPE_CHECKING:
     from .executor import Completion
@@ -125,3 +125,18 @@ def settle(state: str, opts: TaskOptions, used: int, c: Completion,
     reason = (f"{c.error_type}: {c.error_message}" if c.outcome == _ERROR
               else f"attempt {c.outcome}: {c.error_message}")
     return retry_or_fail(opts, used, reason, c.error, rand)
+
+
+def run_end(cancel_reason: str | None, failed: int, cancelled: int) -> tuple[RunState, str]:
+    """The final state of a run that stopped driving, and its reason.
+
+    ``cancel_reason``: why the run was cancelled (None if it was not); a cancel
+    that ``fail_fast`` started ends ``failed``.
+    """
+    if cancel_reason is not None:
+        reason = cancel_reason or "cancelled"
+        return (RunState.FAILED if reason.startswith("fail_fast") else RunState.CANCELLED,
+                reason)
+    if failed or cancelled:
+        return RunState.FAILED, f"{failed} task(s) did not succeed"
+    return RunState.SUCCEEDED, ""

@@ -12,14 +12,14 @@ protocol) is documented once, at the top of :mod:`ledgerflow.hookspecs`.
 
 from __future__ import annotations
 
-import heapq
 import logging
 import random
 import threading
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 from . import outcomes
@@ -31,7 +31,6 @@ from .commits import Journal
 from .config import Settings
 from .errors import (
     InvalidTransitionError,
-    LeaseLostError,
 )
 from .executor import (
     Completion,
@@ -60,7 +59,8 @@ from .states import (
     RunState,
     TaskState,
 )
-from .store import CacheHit, Lease, RunStore, lease_probe, reading, worker_folders
+from .store import CacheHit, Lease, RunStore, reading, worker_folders
+from .timers import Timers
 from .views import RunView
 
 log = logging.getLogger("ledgerflow")
@@ -105,6 +105,8 @@ class Runner:
         self._move, self._move_run, self._note = j.move, j.move_run, j.note
         self._journal, self._flush = j.add, j.flush
         self.cancel_event = cancel_event or threading.Event()
+        #: a cancel request (here or from any process), or a lease this driver lost
+        self._cancel_seen = partial(j.stop_seen, self.cancel_event)
         self.plan = Plan(graph)
         self._resolve = resolver(self.plan, store.read_blob)
         self.starting: list[Job] = []          # handed to the executor after the commit
@@ -117,9 +119,8 @@ class Runner:
         # a million jobs in ~12 MB, a dict of tuples took ~140 MB)
         self.job_task: list[Instance] = []
         self.job_attempt = array("i")
-        self.timers: list[tuple[float, int, str, Any]] = []
+        self.timers = Timers()
         self.next_job = 0
-        self.next_timer = 0
         self.inflight = 0
         self.cancelling = False
         self.cancel_reason = ""
@@ -138,8 +139,6 @@ class Runner:
         self.gates = Gates()        # approval gates: what they decide, the runner applies
         self.folders: tuple[str, str] | None = worker_folders(store, run_id)
         self.steps = StepResults(self.folders[1] if self.folders else None)
-        #: the store's optional lease-loss probe (see :meth:`_check_lease`)
-        self.lease_probe: Callable[[Lease], str | None] | None = lease_probe(store)
 
     @property
     def hook_records(self) -> Any:
@@ -249,7 +248,7 @@ class Runner:
         now = time.monotonic()
         if now >= self.next_poll:
             self.next_poll = now + 0.1
-            self._check_lease()
+            self.j.check_lease()
             if not self.cancelling and self._cancel_seen():
                 self._start_cancel("cancel requested")
             elif self.gates.open and not self.cancelling:
@@ -274,7 +273,7 @@ class Runner:
             if self.j.active <= 0 and self.inflight == 0 and not self.ready:
                 break
             if self.gates.open and not self.wait_approvals and not self.cancelling \
-                    and self.inflight == 0 and not self.ready and not self._retries_due():
+                    and self.inflight == 0 and not self.ready and not self.timers.retries_due():
                 self._poll_gates()          # a decision may be there already
                 if not self.ready and self.gates.open:
                     return self._finish_waiting()
@@ -298,15 +297,10 @@ class Runner:
         the executor's ``queue_ahead`` and without a timeout (counted from the submit)."""
         return self.inflight < self.window and self.ready[0].node.task.options.timeout is None
 
-    def _retries_due(self) -> bool:
-        return any(kind == "retry" for _, _, kind, _ in self.timers)
-
     def _wait(self) -> None:
         if self.inbox:
             return
-        timeout = 0.1
-        if self.timers:
-            timeout = min(timeout, max(0.0, self.timers[0][0] - time.monotonic()))
+        timeout = self.timers.wait_at_most(0.1)
         self.wake.clear()
         if not self.inbox:
             self.wake.wait(timeout)
@@ -365,7 +359,7 @@ class Runner:
         self.inflight += 1
         self._move(inst, _RUNNING, f"attempt {inst.attempt}{rejected}")
         if opts.timeout is not None:
-            self._timer(time.monotonic() + opts.timeout, "timeout", job.id)
+            self.timers.add(opts.timeout, "timeout", job.id)
         self.starting.append(job)
 
     def _start_job(self, job: Job, *, alone: bool) -> None:
@@ -381,7 +375,7 @@ class Runner:
         if self.in_driver or (alone and self.inline_when_alone and job.timeout is None
                               and self.inflight == 1 and not self.ready):
             c = execute(job, self._cancel_seen)
-            self._check_lease()
+            self.j.check_lease()
             if c.outcome == _CANCELLED_O and not self.cancelling and self._cancel_seen():
                 self._start_cancel("cancel requested")   # running -> cancelling first
             self._on_complete(c)
@@ -433,36 +427,8 @@ class Runner:
         self._commit()
         return RunState.WAITING.value
 
-    def _cancel_seen(self) -> bool:
-        if self.lease_probe is not None and self.lease is not None \
-                and self.lease_probe(self.lease) is not None:
-            return True     # a driver that lost its lease stops its work
-        return self.cancel_event.is_set() or self.store.cancel_requested(self.run_id)
-
-    def _check_lease(self) -> None:
-        """Raise LeaseLostError once the store says this driver lost its lease.
-
-        A store may offer ``lease_lost(lease) -> str | None`` (a cheap, local
-        check: the reason, or None while the lease holds); the runner polls it
-        with its cancel check, so a fenced driver stops dispatching and its
-        in-flight work is cancelled (``executor.shutdown``) without waiting
-        for its next commit to be refused.
-        """
-        if self.lease_probe is not None and self.lease is not None:
-            reason = self.lease_probe(self.lease)
-            if reason is not None:
-                raise LeaseLostError(f"lease lost: {reason}",
-                                     hint=f"the run is driven elsewhere or resumable: "
-                                     f"pipeline status {self.run_id}")
-
-    def _timer(self, when: float, kind: str, payload: Any) -> None:
-        self.next_timer += 1
-        heapq.heappush(self.timers, (when, self.next_timer, kind, payload))
-
     def _fire_timers(self) -> None:
-        now = time.monotonic()
-        while self.timers and self.timers[0][0] <= now:
-            _, _, kind, payload = heapq.heappop(self.timers)
+        for kind, payload in self.timers.due():
             if kind == "timeout":
                 self._timeout(payload)
             elif kind == "retry":
@@ -539,7 +505,7 @@ class Runner:
         elif target == _RETRY_WAIT:
             assert move.retry_in is not None
             self._move(inst, _RETRY_WAIT, move.reason)
-            self._timer(time.monotonic() + move.retry_in, "retry", inst)
+            self.timers.add(move.retry_in, "retry", inst)
         elif target == _WAITING_APPROVAL:
             assert c is not None and c.approval is not None
             inst.used -= 1                  # waiting at a gate uses no attempt of the budget
@@ -623,17 +589,8 @@ class Runner:
                 raise InvalidTransitionError(
                     f"run {self.run_id} stopped with {len(stuck)} unfinished task(s), "
                     f"e.g. {stuck[:5]}")
-        if self.cancelling:
-            state = RunState.CANCELLED
-            reason = self.cancel_reason or "cancelled"
-            if reason.startswith("fail_fast"):
-                state = RunState.FAILED
-        elif self.failed_tasks or self.cancelled_tasks:
-            state = RunState.FAILED
-            reason = f"{self.failed_tasks} task(s) did not succeed"
-        else:
-            state = RunState.SUCCEEDED
-            reason = ""
+        state, reason = outcomes.run_end(self.cancel_reason if self.cancelling else None,
+                                         self.failed_tasks, self.cancelled_tasks)
         self._move_run(state, reason)
         self._commit()
         return state.value
