@@ -37,7 +37,7 @@ from ._olfacets import (
     LedgerflowTaskRunFacet,
 )
 from ._olnames import Namer, dataset_of
-from ._runs import Artifact, Ended, TaskInfo, attempts_of
+from ._runs import Artifact, Ended, Reused, TaskInfo, attempts_of
 from .genai import usage_rows
 
 #: What the event builders read of a run (a tracker, or a snapshot of one).
@@ -117,8 +117,17 @@ def _inputs(namer: Namer, ups: Sequence[tuple[str, str | None]],
     out = [_dataset(InputDataset, namer.namespace, namer.result(k), h) for k, h in ups]
     for direction, uri, chash, attrs in artifacts:
         if direction == "input" and attrs.get("kind") != "model":
-            ns, name = dataset_of(uri, namer.namespace)
+            ns, name = dataset_of(uri)
             out.append(_dataset(InputDataset, ns, name, chash, attrs))
+    return out
+
+
+def _outputs(artifacts: Iterable[Artifact]) -> list[OutputDataset]:
+    out = []
+    for direction, uri, chash, attrs in artifacts:
+        if direction == "output":
+            ns, name = dataset_of(uri)
+            out.append(_dataset(OutputDataset, ns, name, chash, attrs))
     return out
 
 
@@ -179,10 +188,7 @@ def end_event(namer: Namer, tracker: Facts, end: Ended) -> RunEvent:
     if end.result_hash is not None:
         outputs.append(_dataset(OutputDataset, namer.namespace, namer.result(info.key),
                                 end.result_hash))
-    for direction, uri, chash, attrs in end.artifacts:
-        if direction == "output":
-            ns, name = dataset_of(uri, namer.namespace)
-            outputs.append(_dataset(OutputDataset, ns, name, chash, attrs))
+    outputs.extend(_outputs(end.artifacts))
     return RunEvent(
         eventType=RunState(_OUTCOME.get(end.outcome, "FAIL")), eventTime=_time(end.ended_at),
         producer=PRODUCER,
@@ -192,25 +198,23 @@ def end_event(namer: Namer, tracker: Facts, end: Ended) -> RunEvent:
 
 
 def cached_events(namer: Namer, tracker: Facts, info: TaskInfo, attempt: int,
-                  ts: float) -> list[RunEvent]:
-    """START and COMPLETE of a task whose result was reused (a cache hit), at that time."""
+                  ts: float, artifacts: Sequence[Artifact] = ()) -> list[RunEvent]:
+    """START and COMPLETE of a task whose result was reused (a cache hit), at that time,
+    with the datasets of the attempt it reuses (``artifacts``)."""
     task = LedgerflowTaskRunFacet(producer=PRODUCER, runId=tracker.run_id, taskKey=info.key,
                                   attempt=attempt,
                                   outcome="cached", itemKey=info.item_key,
                                   fingerprint=info.fingerprint, cachedFrom=info.cached_from)
     rid = _uuid(ts, tracker.run_id, info.key, attempt, "cached")
-    out = []
-    for kind in (RunState.START, RunState.COMPLETE):
-        out.append(RunEvent(
-            eventType=kind, eventTime=_time(ts), producer=PRODUCER,
-            run=Run(runId=rid, facets={"parent": _parent(namer, run_uuid(tracker)),
-                                       "processing_engine": _engine(),
-                                       "ledgerflow_task": task}),
-            job=_task_job(namer, info),
-            inputs=_inputs(namer, tracker.upstream_results(info), ()),
-            outputs=[_dataset(OutputDataset, namer.namespace, namer.result(info.key),
-                              info.result_hash)] if kind == RunState.COMPLETE else []))
-    return out
+    facets = {"parent": _parent(namer, run_uuid(tracker)), "processing_engine": _engine(),
+              "ledgerflow_task": task}
+    inputs = _inputs(namer, tracker.upstream_results(info), artifacts)
+    outputs = [_dataset(OutputDataset, namer.namespace, namer.result(info.key),
+                        info.result_hash), *_outputs(artifacts)]
+    return [RunEvent(eventType=kind, eventTime=_time(ts), producer=PRODUCER,
+                     run=Run(runId=rid, facets=facets), job=_task_job(namer, info),
+                     inputs=inputs, outputs=outputs if kind == RunState.COMPLETE else [])
+            for kind in (RunState.START, RunState.COMPLETE)]
 
 
 def run_event(namer: Namer, tracker: Facts, kind: str, ts: float,
@@ -237,7 +241,7 @@ def events_of(run_id: str, store: RunStore, namespace: str) -> list[RunEvent]:
     view = store.get_run(run_id)
     events = store.events(run_id)
     tracker, ended, cached = attempts_of(view, store.attempts(run_id), events,
-                                         store.lineage(run_id))
+                                         store.lineage(run_id), Reused(store))
     namer = Namer(namespace, tracker.pipeline)
     # (group, time, rank, order): the run's START first, its end last, attempts by time
     timed: list[tuple[int, float, int, int, RunEvent]] = []
@@ -250,9 +254,9 @@ def events_of(run_id: str, store: RunStore, namespace: str) -> list[RunEvent]:
             timed.append((1, float(e["ts"]), 0, n,
                           start_event(namer, tracker, tracker.task(e["task_key"]),
                                       int(e["attempt"]), float(e["ts"]))))
-    for info, attempt, ts in cached:
+    for info, attempt, ts, arts in cached:
         n += 1
-        for i, ev in enumerate(cached_events(namer, tracker, info, attempt, ts)):
+        for i, ev in enumerate(cached_events(namer, tracker, info, attempt, ts, arts)):
             timed.append((1, ts, i, n, ev))
     for end in ended:
         n += 1

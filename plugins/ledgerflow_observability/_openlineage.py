@@ -30,7 +30,7 @@ from ledgerflow.store import RunStore
 from ._olevents import TERMINAL_RUN, cached_events, end_event, events_of, run_event, start_event
 from ._olfacets import CUSTOM_FACETS
 from ._olnames import Namer
-from ._runs import RunTracker, TaskInfo
+from ._runs import Artifact, Reused, RunTracker, TaskInfo
 
 __all__ = ["CUSTOM_FACETS", "Emitter", "Lineage", "backfill", "client_for"]
 
@@ -87,6 +87,7 @@ def backfill(run_id: str, store: RunStore, path: str, namespace: str) -> int:
 class _Run:
     tracker: RunTracker
     namer: Namer
+    reused: Reused
 
 
 @dataclass(slots=True)
@@ -151,7 +152,7 @@ class Lineage:
             tracker = RunTracker(run_id) if fresh else RunTracker.from_store(run_id, store)
             # a submitted run driven for the first time: its START was not emitted yet
             fresh = fresh or not tracker.tasks
-            run = self.runs[run_id] = _Run(tracker, Namer(self.namespace, ""))
+            run = self.runs[run_id] = _Run(tracker, Namer(self.namespace, ""), Reused(store))
         tracker = run.tracker
         ended = tracker.apply(records)
         run.namer.pipeline = tracker.pipeline
@@ -169,7 +170,8 @@ class Lineage:
                 elif rec.to_state == "succeeded" and rec.from_state == "ready":
                     info = tracker.tasks[rec.task_key]
                     jobs.append(_later(cached_events, namer, tracker, info, rec.attempt,
-                                       rec.ts, tracker.upstream_results(info)))
+                                       rec.ts, _reused(run, info),
+                                       tracker.upstream_results(info)))
             elif isinstance(rec, AttemptEnded):
                 end = ends.pop((rec.task_key, rec.attempt), None)
                 if end is not None:
@@ -188,6 +190,16 @@ class Lineage:
     def close(self) -> None:
         """Emit what is queued and close the client."""
         self.emitter.close()
+
+
+def _reused(run: _Run, info: TaskInfo) -> list[Artifact]:
+    """The datasets a cache hit keeps (read in the driver: stores are not shared with the
+    emitter's thread); a read that fails costs the datasets, never the run."""
+    try:
+        return run.reused.of(info)
+    except Exception:
+        log.exception("OpenLineage: the lineage of a cached result could not be read")
+        return []
 
 
 def _run_end(namer: Namer, tracker: RunTracker, s: RunStateChanged

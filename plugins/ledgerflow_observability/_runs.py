@@ -197,30 +197,89 @@ class RunTracker:
         return out
 
 
-def attempts_of(view: RunView, attempts: Iterable[dict[str, Any]],
-                events: Sequence[dict[str, Any]], lineage: Iterable[dict[str, Any]]
-                ) -> tuple[RunTracker, list[Ended], list[tuple[TaskInfo, int, float]]]:
-    """A finished run as the live observers saw it: the tracker, every ended attempt,
-    and every cache hit ``(task, attempt, time)``, from the store's readers."""
-    tracker = RunTracker(view.run_id)
-    tracker.seed(view, events)
+def _artifacts(lineage: Iterable[dict[str, Any]]) -> dict[tuple[str, int], list[Artifact]]:
+    """The recorded artifacts among lineage rows, by ``(task key, attempt)``."""
     arts: dict[tuple[str, int], list[Artifact]] = {}
     for row in lineage:
         if str(row["uri"]).startswith("task:"):
             continue     # results of tasks, derived from task rows (not recorded artifacts)
         arts.setdefault((row["task_key"], int(row["attempt"])), []).append(
             (row["direction"], row["uri"], row["content_hash"], dict(row.get("attrs") or {})))
+    return arts
+
+
+class Reused:
+    """The artifacts of the attempts that cache hits reuse (read once per source run).
+
+    A cache hit records no artifacts of its own; its lineage is that of the
+    attempt whose result it reuses: in the run ``cached_from``, the task with
+    the same fingerprint (followed when that one was a cache hit too).
+    """
+
+    __slots__ = ("runs", "store")
+    _HOPS = 8
+
+    def __init__(self, store: RunStore) -> None:
+        self.store = store
+        #: source run -> (fingerprint -> (key, result attempt, cached_from), artifacts)
+        self.runs: dict[str, tuple[dict[str, tuple[str, int, str | None]],
+                                   dict[tuple[str, int], list[Artifact]]]] = {}
+
+    def _run(self, run_id: str) -> tuple[dict[str, tuple[str, int, str | None]],
+                                         dict[tuple[str, int], list[Artifact]]]:
+        got = self.runs.get(run_id)
+        if got is None:
+            view = self.store.get_run(run_id)
+            by_fp = {row.fingerprint: (row.key, row.result_attempt, row.cached_from)
+                     for row in view.tasks.values() if row.fingerprint}
+            got = self.runs[run_id] = (by_fp, _artifacts(self.store.lineage(run_id)))
+        return got
+
+    def of(self, info: TaskInfo) -> list[Artifact]:
+        """The artifacts of the attempt ``info``'s cached result came from ([]: unknown)."""
+        source, fp = info.cached_from, info.fingerprint
+        for _ in range(self._HOPS):
+            if source is None or fp is None:
+                return []
+            try:
+                by_fp, arts = self._run(source)
+            except Exception:    # the source run was deleted: no lineage to keep
+                return []
+            found = by_fp.get(fp)
+            if found is None:
+                return []
+            key, attempt, earlier = found
+            if earlier is None:
+                return list(arts.get((key, attempt), []))
+            source = earlier
+        return []
+
+
+def attempts_of(view: RunView, attempts: Iterable[dict[str, Any]],
+                events: Sequence[dict[str, Any]], lineage: Iterable[dict[str, Any]],
+                reused: Reused | None = None
+                ) -> tuple[RunTracker, list[Ended], list[tuple[TaskInfo, int, float,
+                                                               list[Artifact]]]]:
+    """A finished run as the live observers saw it: the tracker, every ended attempt,
+    and every cache hit ``(task, attempt, time, artifacts)``, from the store's readers."""
+    tracker = RunTracker(view.run_id)
+    tracker.seed(view, events)
+    arts = _artifacts(lineage)
     ended: list[Ended] = []
     for a in attempts:
         info = tracker.task(a["task_key"])
         n = int(a["attempt"])
         ok = a["outcome"] == "ok" and info.result_attempt == n and info.cached_from is None
         ended.append(Ended(info, n, a["outcome"], tracker.running.get((info.key, n)),
-                           tracker.readied.get((info.key, n)), a["started_at"], a["ended_at"] or 0.0, a["error_type"] or "",
+                           tracker.readied.get((info.key, n)), a["started_at"],
+                           a["ended_at"] or 0.0, a["error_type"] or "",
                            a["error_message"] or "", a["traceback"] or "",
                            info.result_hash if ok else None, info.fingerprint if ok else None,
                            arts.get((info.key, n), [])))
-    cached = [(tracker.task(e["task_key"]), int(e["attempt"]), float(e["ts"]))
-              for e in events
-              if e["to_state"] == "succeeded" and e["from_state"] == "ready"]
+    cached = []
+    for e in events:
+        if e["to_state"] == "succeeded" and e["from_state"] == "ready":
+            info = tracker.task(e["task_key"])
+            cached.append((info, int(e["attempt"]), float(e["ts"]),
+                           reused.of(info) if reused is not None else []))
     return tracker, ended, cached

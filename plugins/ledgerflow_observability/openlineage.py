@@ -18,7 +18,9 @@ thread of their own, so the driver only queues them):
   and recorded outputs, each with its content hash as the ``version``
   facet; the code version in the ``ledgerflow_code`` job facet; model
   usage (:mod:`ledgerflow_observability.genai`) in ``ledgerflow_modelUsage``;
-* a cache hit: START and COMPLETE at that moment (``outcome: cached``).
+* a cache hit: START and COMPLETE at that moment (``outcome: cached``), with the
+  datasets of the attempt whose result it reuses;
+* dataset names by the OpenLineage naming spec (:mod:`ledgerflow_observability._olnames`).
 
 ``pipeline lineage RUN_ID --export openlineage FILE`` writes the same
 events for a finished run from the ledger (a backfill).

@@ -305,3 +305,84 @@ def test_events_are_emitted_only_after_the_commit_that_holds_them(ledger: str) -
         openlineage.disable()
     assert run.state == "succeeded"
     assert seen == [("START", True), ("COMPLETE", True)]
+
+
+@task
+def fx(folder: str) -> str:
+    """Reads an S3 object and a local file, writes a local file (recorded as lineage)."""
+    ctx = context()
+    ctx.record_input("s3://fx-rates/daily/eur.json", "e" * 64)
+    ctx.record_input(str(Path(folder, "in.txt")), "i" * 64)
+    out = Path(folder, "fx.txt")
+    out.write_text("1.08\n")
+    ctx.record_output(out.as_uri(), "o" * 64)       # file:///...
+    ctx.record_output("postgres://db:5432/shop.public.rates", "p" * 64)
+    return "ok"
+
+
+@pipeline
+def rates(folder: str):
+    return fx(folder)
+
+
+@pytest.fixture
+def fx_events(tmp_path: Path, ledger: str, folder: str
+              ) -> Iterator[tuple[Any, list[dict[str, Any]], list[dict[str, Any]]]]:
+    """A run of ``rates`` and a second, cached one, each emitting to its own file."""
+    paths = [tmp_path / "first.jsonl", tmp_path / "cached.jsonl"]
+    runs = []
+    for path in paths:
+        openlineage.enable(f"file:{path}", namespace="tests")
+        try:
+            runs.append(rates.run(store=ledger, folder=folder, executor="threads"))
+        finally:
+            openlineage.disable()
+    assert runs[1].status().tasks["fx"].cached_from == runs[0].run_id
+    yield runs[1], _lines(paths[0]), _lines(paths[1])
+
+
+def _datasets(doc: dict[str, Any], side: str) -> set[tuple[str, str]]:
+    return {(d["namespace"], d["name"]) for d in doc[side]}
+
+
+def test_dataset_names_follow_the_openlineage_naming_spec(
+        fx_events: tuple[Any, list[dict[str, Any]], list[dict[str, Any]]], folder: str) -> None:
+    _, first, _ = fx_events
+    (done,) = [d for d in first if d["job"]["name"] == "rates.fx"
+               and d["eventType"] == "COMPLETE"]
+    check_event(done)
+    # S3: namespace s3://bucket, name the key without a leading slash; files: 'file' and
+    # the absolute path (also for a file:// URI); databases: db.schema.table
+    assert _datasets(done, "inputs") == {("s3://fx-rates", "daily/eur.json"),
+                                         ("file", str(Path(folder, "in.txt")))}
+    assert _datasets(done, "outputs") == {("tests", "rates/fx"),
+                                          ("file", str(Path(folder, "fx.txt"))),
+                                          ("postgres://db:5432", "shop.public.rates")}
+
+
+def test_a_cache_hit_keeps_the_datasets_of_the_attempt_it_reuses(
+        fx_events: tuple[Any, list[dict[str, Any]], list[dict[str, Any]]], ledger: str,
+        tmp_path: Path) -> None:
+    run, first, cached = fx_events
+    (done,) = [d for d in first if d["job"]["name"] == "rates.fx"
+               and d["eventType"] == "COMPLETE"]
+    hit = [d for d in cached if d["job"]["name"] == "rates.fx"]
+    assert [d["eventType"] for d in hit] == ["START", "COMPLETE"]
+    for d in hit:
+        check_event(d)
+    start, complete = hit
+    assert complete["run"]["facets"]["ledgerflow_task"]["outcome"] == "cached"
+    # a "latest lineage" view keeps the file edges: the same inputs and outputs
+    assert _datasets(start, "inputs") == _datasets(complete, "inputs") == \
+        _datasets(done, "inputs")
+    assert _datasets(complete, "outputs") == _datasets(done, "outputs")
+    versions = {(o["namespace"], o["name"]): o["facets"]["version"]["datasetVersion"]
+                for o in complete["outputs"]}
+    assert versions[("postgres://db:5432", "shop.public.rates")] == "p" * 64
+    # the backfill of the cached run says the same
+    out = tmp_path / "backfill.jsonl"
+    res = CliRunner().invoke(main, ["lineage", run.run_id, "--export", "openlineage",
+                                    str(out), "--store", ledger],
+                             env={"LEDGERFLOW_OPENLINEAGE_NAMESPACE": "tests"})
+    assert res.exit_code == 0, res.output
+    assert sorted(map(_key, _lines(out))) == sorted(map(_key, cached))
