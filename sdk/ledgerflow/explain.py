@@ -43,6 +43,7 @@ REASONS: tuple[str, ...] = ("cached", "verify", "new", "failed_before", "code", 
 
 _CACHED = "cached: same fingerprint as "
 _VERIFY = "cache hit rejected by verify"
+_ENDED = ("failed", "cancelled", "upstream_failed")
 
 
 @dataclass(slots=True)
@@ -230,8 +231,10 @@ class _Why:
                 "ran: new, no earlier run of this pipeline"
         if first == "failed_before":
             assert old is not None
-            return f"ran: in {base} it ended {old.state}" + (f" ({old.error})" if old.error
-                                                              else "") + ", nothing to reuse"
+            ended = f"it ended {old.state}" if old.state in _ENDED else \
+                f"it did not finish ({old.state})"
+            return f"ran: in {base} {ended}" + (f" ({old.error})" if old.error
+                                                 else "") + ", nothing to reuse"
         if first == "code":
             was, now = ex.changes["code"]
             text = f"ran: the code of task {row.task_name!r} changed ({was} -> {now})"

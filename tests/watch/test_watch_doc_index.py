@@ -157,5 +157,10 @@ def test_a_killed_watcher_loses_nothing_on_restart(tmp_path: Path) -> None:
         assert end["state"] == "succeeded" and end["trigger"]["kind"] == "start"
         assert index_rows(tmp_path / "index.duckdb") == scratch_rows(tmp_path, src, 1)
         assert f"one/markdown/{edited.name}" in embedded(tmp_path, [end["run_id"]])
+        from ledgerflow.explain import explain_run
+        said = explain_run(st, end["run_id"])
+        assert said.against == run_id                    # compared with the killed run
+        unfinished = [t for t in said.tasks if t.reason == "failed_before"]
+        assert unfinished and all("did not finish" in t.detail for t in unfinished)
     finally:
         assert again.stop() == 0
