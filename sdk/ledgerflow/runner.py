@@ -2,12 +2,13 @@
 
 The :class:`Runner` applies every state transition through its write side,
 :class:`~ledgerflow.commits.Journal` (``move`` for tasks, ``move_run`` for
-the run: creation, the resume reset and the restore of a prior run
-included), the one applier. Its collaborators decide and return data, it applies: :mod:`ledgerflow.resume`
-(a prior row), :mod:`ledgerflow.gates` (approval gates),
-:mod:`ledgerflow.outcomes` (an attempt's end); :mod:`ledgerflow.observers`
-hears of each commit. The order of commits, hooks and task starts (the run
-protocol) is documented once, at the top of :mod:`ledgerflow.hookspecs`.
+the run: creation, the resume reset and the restore of a prior run included),
+the one applier. Its collaborators decide and return data, and it applies:
+:mod:`ledgerflow.resume` (a prior row), :mod:`ledgerflow.caching` (a cache
+hit), :mod:`ledgerflow.gates` (approval gates), :mod:`ledgerflow.outcomes`
+(an attempt's end); :mod:`ledgerflow.observers` hears of each commit. The
+order of commits, hooks and task starts (the run protocol) is documented
+once, at the top of :mod:`ledgerflow.hookspecs`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import logging
 import random
 import threading
 import time
-from array import array
 from collections import deque
 from collections.abc import Mapping
 from functools import partial
@@ -29,9 +29,7 @@ from .attempt_log import StepResults
 from .caching import Cache
 from .commits import Journal
 from .config import Settings
-from .errors import (
-    InvalidTransitionError,
-)
+from .errors import InvalidTransitionError
 from .executor import (
     Completion,
     Executor,
@@ -43,24 +41,12 @@ from .executor import (
 )
 from .gates import Gates, Pass, Refuse, Verdict, Wait
 from .graph import Graph
+from .inflight import Jobs, Timers
 from .observers import Observers
 from .plan import Instance, Plan, resolver
-from .records import (
-    LogRecorded,
-    ResultRecorded,
-    TaskCreated,
-)
-from .states import (
-    FAILED_LIKE,
-    IN_FLIGHT,
-    NOT_STARTED,
-    TERMINAL,
-    Outcome,
-    RunState,
-    TaskState,
-)
+from .records import LogRecorded, ResultRecorded, TaskCreated
+from .states import NOT_STARTED, TERMINAL, Outcome, RunState, TaskState
 from .store import CacheHit, Lease, RunStore, reading, worker_folders
-from .timers import Timers
 from .views import RunView
 
 log = logging.getLogger("ledgerflow")
@@ -69,15 +55,10 @@ _T = TaskState
 _PENDING, _READY, _RUNNING = _T.PENDING.value, _T.READY.value, _T.RUNNING.value
 _RETRY_WAIT, _CANCELLING = _T.RETRY_WAIT.value, _T.CANCELLING.value
 _SUCCEEDED, _FAILED, _CANCELLED = _T.SUCCEEDED.value, _T.FAILED.value, _T.CANCELLED.value
-_UPSTREAM_FAILED = _T.UPSTREAM_FAILED.value
-_WAITING_APPROVAL = _T.WAITING_APPROVAL.value
-_ERROR, _CANCELLED_O, _LOST = (Outcome.ERROR.value, Outcome.CANCELLED.value,
-                               Outcome.LOST.value)
-_NO_STEPS: dict[str, tuple[str, str]] = {}
+_UPSTREAM_FAILED, _WAITING_APPROVAL = _T.UPSTREAM_FAILED.value, _T.WAITING_APPROVAL.value
+_ERROR, _CANCELLED_O = Outcome.ERROR.value, Outcome.CANCELLED.value
 _TERMINAL = frozenset(s.value for s in TERMINAL)
-_FAILED_LIKE = frozenset(s.value for s in FAILED_LIKE)
 _NOT_STARTED = frozenset(s.value for s in NOT_STARTED)
-_IN_FLIGHT = frozenset(s.value for s in IN_FLIGHT)
 
 #: A group commit is flushed once it holds this many records, even while more
 #: tasks are ready (a fan-out would otherwise commit once at the end).
@@ -113,15 +94,8 @@ class Runner:
         self.ready: deque[Instance] = deque()
         self.inbox: deque[Completion] = deque()
         self.wake = threading.Event()
-        self.jobs: dict[int, Instance] = {}
-        self.timed_out: dict[int, tuple[str, int]] = {}     # job id -> (task, attempt)
-        # job id - 1 -> its task and attempt (ids are dense: a list and an int array hold
-        # a million jobs in ~12 MB, a dict of tuples took ~140 MB)
-        self.job_task: list[Instance] = []
-        self.job_attempt = array("i")
+        self.jobs = Jobs()
         self.timers = Timers()
-        self.next_job = 0
-        self.inflight = 0
         self.cancelling = False
         self.cancel_reason = ""
         self.cancel_deadline: float | None = None
@@ -259,7 +233,7 @@ class Runner:
         self.window = workers + queue_ahead(self.executor)
         while True:
             self._poll_cancel()
-            while self.ready and not self.cancelling and (self.inflight < workers
+            while self.ready and not self.cancelling and (len(self.jobs) < workers
                                                           or self._ahead()):
                 inst = self.ready.popleft()
                 if inst.state == _READY:
@@ -268,21 +242,21 @@ class Runner:
                     self._flush()       # bound the group commit (and the journal line)
             self._commit()
             self._drain()
-            if self.ready and not self.cancelling and (self.inflight < workers or self._ahead()):
+            if self.ready and not self.cancelling and (len(self.jobs) < workers or self._ahead()):
                 continue
-            if self.j.active <= 0 and self.inflight == 0 and not self.ready:
+            if self.j.active <= 0 and len(self.jobs) == 0 and not self.ready:
                 break
             if self.gates.open and not self.wait_approvals and not self.cancelling \
-                    and self.inflight == 0 and not self.ready and not self.timers.retries_due():
+                    and len(self.jobs) == 0 and not self.ready and not self.timers.retries_due():
                 self._poll_gates()          # a decision may be there already
                 if not self.ready and self.gates.open:
                     return self._finish_waiting()
                 continue
-            if self.cancelling and self.inflight == 0:
+            if self.cancelling and len(self.jobs) == 0:
                 break
             if self.cancelling and self.cancel_deadline is not None \
                     and time.monotonic() > self.cancel_deadline:
-                for inst in list(self.jobs.values()):
+                for inst in list(self.jobs.running.values()):
                     self._note(inst.key, inst.attempt, "cancel_unconfirmed",
                                "executor did not confirm cancellation in time; "
                                "task left in 'cancelling'")
@@ -295,7 +269,7 @@ class Runner:
     def _ahead(self) -> bool:
         """With every worker busy: may the next ready task be queued ahead? Only within
         the executor's ``queue_ahead`` and without a timeout (counted from the submit)."""
-        return self.inflight < self.window and self.ready[0].node.task.options.timeout is None
+        return len(self.jobs) < self.window and self.ready[0].node.task.options.timeout is None
 
     def _wait(self) -> None:
         if self.inbox:
@@ -343,8 +317,7 @@ class Runner:
             return      # it waits, or failed
         inst.attempt += 1
         inst.used += 1
-        self.next_job += 1
-        job = Job(id=self.next_job, run_id=self.run_id, task_key=inst.key,
+        job = Job(id=self.jobs.next_id(), run_id=self.run_id, task_key=inst.key,
                   attempt=inst.attempt, fn=node.task, args=args, kwargs=kwargs,
                   timeout=opts.timeout, task_name=node.task.name,  # idempotency key: lazily
                   echo=self.echo, code_version=node.task.version,
@@ -353,10 +326,7 @@ class Runner:
                   ledger_folder=self.folders[0] if self.folders else None,
                   run_folder=self.folders[1] if self.folders else None)
         inst.job = job
-        self.jobs[job.id] = inst
-        self.job_task.append(inst)
-        self.job_attempt.append(inst.attempt)
-        self.inflight += 1
+        self.jobs.add(job.id, inst)
         self._move(inst, _RUNNING, f"attempt {inst.attempt}{rejected}")
         if opts.timeout is not None:
             self.timers.add(opts.timeout, "timeout", job.id)
@@ -373,7 +343,7 @@ class Runner:
         if self.observers.carrier_hook is not None:
             job.carrier = self.observers.carrier(job)
         if self.in_driver or (alone and self.inline_when_alone and job.timeout is None
-                              and self.inflight == 1 and not self.ready):
+                              and len(self.jobs) == 1 and not self.ready):
             c = execute(job, self._cancel_seen)
             self.j.check_lease()
             if c.outcome == _CANCELLED_O and not self.cancelling and self._cancel_seen():
@@ -441,9 +411,7 @@ class Runner:
         inst = self.jobs.get(job_id)
         if inst is None or inst.state != _RUNNING:
             return
-        del self.jobs[job_id]
-        self.inflight -= 1
-        self.timed_out[job_id] = (inst.key, inst.attempt)
+        self.jobs.abandon(job_id, inst)
         opts = inst.node.task.options
         limit = opts.timeout
         assert limit is not None
@@ -459,11 +427,10 @@ class Runner:
 
     def _complete(self, c: Completion) -> None:
         """Apply an attempt's report: journal what it did, then move its task."""
-        inst = self.jobs.pop(c.job_id, None)
+        inst = self.jobs.finish(c.job_id)
         if inst is None:
             self._stray(c)
             return
-        self.inflight -= 1
         inst.job = None
         opts = inst.node.task.options
         if outcomes.ran_late(inst.state, opts, c):
@@ -482,19 +449,13 @@ class Runner:
 
     def _stray(self, c: Completion) -> None:
         """A report for no running attempt: late after a timeout, a duplicate, or unknown."""
-        late = self.timed_out.get(c.job_id)
-        if late is not None:
-            self._note(late[0], late[1], "late_result_rejected",
-                       f"result ({c.outcome}) arrived after the attempt timed out; "
-                       "rejected, not applied")
-            self.j.buf += outcomes.spent(late[0], late[1], c)     # what it spent is real
-        elif 0 < c.job_id <= len(self.job_task):   # neither running nor timed out: done
-            self._note(self.job_task[c.job_id - 1].key, self.job_attempt[c.job_id - 1],
-                       "duplicate_result_rejected",
-                       f"a second report ({c.outcome}) for an attempt already finished; "
-                       "rejected")
-        else:
+        found = self.jobs.stray(c)
+        if found is None:
             log.warning("run %s: report for unknown job %d ignored", self.run_id, c.job_id)
+            return
+        self._note(*found)
+        if found[2] == "late_result_rejected":      # what it spent is real all the same
+            self.j.buf += outcomes.spent(found[0], found[1], c)
 
     def _apply(self, inst: Instance, move: outcomes.Move, c: Completion | None = None) -> None:
         """Apply a move of the completion policy (:mod:`ledgerflow.outcomes`)."""

@@ -339,7 +339,7 @@ def test_remote_scheduler_by_address_and_restart_guard(
     wait_for(lambda: len(list(marks.iterdir())) >= 3, what="tasks to start")
     newest = sorted(marks.iterdir(), key=lambda p: p.stat().st_mtime)[-1].name.split("-")
     item, victim = newest[0], int(newest[2])
-    job_id = next(j for j, inst in list(run._runner.jobs.items())
+    job_id = next(j for j, inst in list(run._runner.jobs.running.items())
                   if inst.key == f"slow_mark[{item}]")
     # the guard can only see a second start once the first announcement has arrived
     wait_for(lambda: ex._jobs[job_id].starts >= 1, what="the start announcement")
