@@ -26,7 +26,6 @@ from .launch import (
     make_executor,
     new_run_id,
     open_ledger,
-    output_from_json,
     read_run,
     refuse_resume,
     resume_inputs,
@@ -41,7 +40,7 @@ from .resume import Action, decide
 from .states import RUN_TERMINAL, RunState, TaskState
 from .store import RunStore, reading, summarize, unsettled
 from .store import fold as fold_now
-from .views import RunView
+from .views import RunView, output_from_json
 
 __all__ = [
     "Run",

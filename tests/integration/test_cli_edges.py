@@ -72,7 +72,7 @@ def test_no_run_line_before_a_refusal(runner: CliRunner, write_flow, ledger: str
     assert code == 2 and "already succeeded" in err
     assert out == ""                            # no "run ... resuming" before the refusal
     garbage = str(Path(ledger).with_name("garbage.duckdb"))
-    Path(garbage).write_bytes(b"not a ledger at all" * 100)
+    Path(garbage).write_bytes(b"not a ledger at all" * 2000)   # past any header size
     code, out, err = _run(runner, "run", f"{flow}:squares", "--store", garbage)
     assert code == 2 and "Error:" in err
     assert out == ""                            # the run was never created

@@ -94,12 +94,14 @@ def _driven(start: Callable[[threading.Event, Any], api.Run], as_json: bool, run
             os._exit(130)
 
     old = signal.signal(signal.SIGINT, on_sigint)
-    progress = Announced(as_json, header)
+    # --json: no display, so the runner queues no transitions for one
+    progress = None if as_json else Announced(as_json, header)
     try:
         return start(cancel, progress)
     finally:
         signal.signal(signal.SIGINT, old)
-        progress.close()
+        if progress is not None:
+            progress.close()
 
 
 def shape(graph: Any) -> str:
