@@ -34,6 +34,9 @@ class PipelineError(Exception):
     exit_code: int = 2
     default_hint: str = ""
 
+    #: lines shown under the ``Error:`` line (e.g. the source line and a caret)
+    detail: tuple[str, ...] = ()
+
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)
         self.hint = hint if hint is not None else self.default_hint

@@ -46,6 +46,8 @@ def fail(exc: PipelineError, debug: bool) -> None:
         # the traceback is above: no "(run with --debug ...)" advice
         message, hint = _undebug(message), _undebug(hint) if hint else hint
     out(f"Error: {message}", err=True)
+    for line in exc.detail:
+        out(f"  {line}", err=True)
     if hint:
         out(f"Hint: {hint}", err=True)
     sys.exit(exc.exit_code)

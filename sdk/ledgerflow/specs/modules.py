@@ -51,8 +51,11 @@ def load_module(path: str | Path) -> Any:
         spec.loader.exec_module(module)
     except SyntaxError as exc:
         del sys.modules[name]
-        raise InputError(f"syntax error in {path}:{exc.lineno}: {exc.msg}",
-                         hint="fix the pipeline module and run again") from exc
+        where = f"{exc.filename or path}:{exc.lineno}" + (f":{exc.offset}" if exc.offset else "")
+        error = InputError(f"syntax error in {where}: {exc.msg}",
+                           hint="fix the pipeline module and run again")
+        error.detail = _source_and_caret(exc)
+        raise error from exc
     except Exception as exc:
         del sys.modules[name]
         where = _user_line(exc, str(p))
@@ -61,6 +64,21 @@ def load_module(path: str | Path) -> Any:
                          "(run with --debug for the traceback)") from exc
     _BY_FILE[str(p)] = module
     return module
+
+
+def _source_and_caret(exc: SyntaxError) -> tuple[str, ...]:
+    """The offending source line and a caret under the column, as Python shows them."""
+    if not exc.text:
+        return ()
+    raw = exc.text.rstrip("\n")
+    code = raw.lstrip()
+    if not code:
+        return ()
+    col = max((exc.offset or 1) - 1 - (len(raw) - len(code)), 0)
+    width = 1
+    if exc.end_offset and exc.end_lineno in (None, exc.lineno) and exc.end_offset > (exc.offset or 0):
+        width = exc.end_offset - (exc.offset or 0)
+    return (code, " " * min(col, len(code)) + "^" * width)
 
 
 def _user_line(exc: BaseException, path: str) -> str:
