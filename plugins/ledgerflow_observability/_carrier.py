@@ -17,8 +17,11 @@ class TraceCarrier:
     """W3C trace-context headers of an attempt's span (a ``ledgerflow.executor.Carrier``)."""
 
     headers: dict[str, str]
+    #: The driver's pid, and the folder a worker process sends the task's spans back to.
+    origin: int = 0
+    sink: str | None = None
 
     def scope(self) -> contextlib.AbstractContextManager[Any]:
         """Attach the attempt's span context for the duration of the task call."""
         from ._otel import attached
-        return attached(self.headers)
+        return attached(self.headers, self.origin, self.sink)

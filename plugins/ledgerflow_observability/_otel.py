@@ -55,6 +55,8 @@ GEN_AI = {
 _provider_lock = threading.Lock()
 #: The provider this module built for a worker process (flushed after each attempt).
 _worker_provider: Any = None
+#: True when that provider ships spans back to the driver (:mod:`._spanfile`).
+_ships = False
 
 
 def _ns(ts: float | None) -> int | None:
@@ -116,20 +118,59 @@ def global_provider(configure: bool) -> tuple[Any, bool]:
 # -- in the process that runs an attempt -------------------------------------------------
 
 @contextlib.contextmanager
-def attached(carrier: Mapping[str, str]) -> Iterator[None]:
-    """Make the attempt's span context current around the task call."""
-    global _worker_provider
-    if _worker_provider is None and otel_enabled():
-        provider, built = global_provider(configure=True)
-        if built:           # a worker process: its spans are flushed after each attempt
-            _worker_provider = provider
+def attached(carrier: Mapping[str, str], origin: int = 0,
+             sink: str | None = None) -> Iterator[None]:
+    """Make the attempt's span context current around the task call.
+
+    In a worker process (``origin``, the driver's pid, is another process)
+    with no tracer provider of its own, spans the task opens with the global
+    tracer go back to the driver through ``sink`` (:mod:`._spanfile`), however
+    the driver's tracing was turned on; where the sink folder is not reachable
+    (another machine), to a provider built from the ``OTEL_*`` variables, if set.
+    """
+    global _worker_provider, _ships
+    remote = origin not in (0, os.getpid())
+    if _worker_provider is None:
+        if remote and sink and os.path.isdir(sink):
+            _worker_provider, _ships = _shipping_provider()
+        elif otel_enabled():
+            provider, built = global_provider(configure=True)
+            if built:       # a worker process: its spans are flushed after each attempt
+                _worker_provider = provider
+    shipping = _ships and sink is not None
+    if shipping:
+        from . import _spanfile
+        _spanfile.start(str(sink), _span_id(carrier))
     token = otel_context.attach(PROPAGATOR.extract(dict(carrier)))
     try:
         yield
     finally:
         otel_context.detach(token)
-        if _worker_provider is not None:
+        if shipping:
+            _spanfile.stop()
+        elif _worker_provider is not None:
             _worker_provider.force_flush(1000)     # bounded: a collector that is down
+
+
+def _shipping_provider() -> tuple[Any, bool]:
+    """Install the global provider whose spans go to the driver (unless the task's process
+    has one already); returns (provider, whether it ships)."""
+    from ._spanfile import worker_provider
+    with _provider_lock:
+        current = trace.get_tracer_provider()
+        if not isinstance(current, ProxyTracerProvider):
+            return current, False
+        provider = worker_provider()
+        trace.set_tracer_provider(provider)
+        return provider, True
+
+
+def _span_id(carrier: Mapping[str, str]) -> int:
+    """The span id in a ``traceparent`` header (``00-TRACE-SPAN-FLAGS``)."""
+    try:
+        return int(carrier["traceparent"].split("-")[2], 16)
+    except (KeyError, IndexError, ValueError):
+        return 0
 
 
 @contextlib.contextmanager
@@ -204,6 +245,15 @@ class Tracing:
         self.provider = provider
         self.tracer = provider.get_tracer(SCOPE, ledgerflow.__version__)
         self.runs: dict[str, _Run] = {}
+        self._sink: str | None = None
+
+    @property
+    def sink(self) -> str:
+        """The private folder workers write their spans to (made on first use)."""
+        if self._sink is None:
+            import tempfile
+            self._sink = tempfile.mkdtemp(prefix="ledgerflow-spans-")
+        return self._sink
 
     def committed(self, run_id: str, records: Sequence[Record], store: RunStore) -> None:
         """Turn one commit's records into span starts, events and ends."""
@@ -313,6 +363,9 @@ class Tracing:
             attrs["ledgerflow.content_hash"] = end.result_hash
         if end.started_at:
             span.add_event("started", {}, timestamp=_ns(end.started_at))
+        if self._sink is not None:      # what the task opened in a worker process
+            from ._spanfile import adopt
+            adopt(self.provider, self._sink, span.get_span_context().span_id)
         span.set_attributes(attrs)
         if end.outcome != "ok":
             span.set_attribute("error.type", end.error_type or end.outcome)
@@ -363,3 +416,7 @@ class Tracing:
         flush = getattr(self.provider, "force_flush", None)
         if callable(flush):
             flush(5000)
+        if self._sink is not None:
+            import shutil
+            shutil.rmtree(self._sink, ignore_errors=True)
+            self._sink = None

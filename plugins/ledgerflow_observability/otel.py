@@ -20,7 +20,9 @@ What it records:
   :class:`~ledgerflow_observability._carrier.TraceCarrier` in ``Job.carrier``)
   and is made current around the task call in whatever process runs it,
   so a span the task opens nests under its attempt; program tasks get it
-  as ``TRACEPARENT``;
+  as ``TRACEPARENT``; spans a task opens in a ``processes`` worker with the
+  global tracer go back to the driver and out through its provider
+  (:mod:`ledgerflow_observability._spanfile`), however tracing was turned on;
 * model and tool calls reported with :mod:`ledgerflow_observability.genai`
   are child spans with the ``gen_ai.*`` attributes.
 
@@ -33,6 +35,7 @@ HTTP when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set, else
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -78,8 +81,9 @@ class Observer:
     @hookimpl
     def ledgerflow_job_carrier(self, run_id: str, task_key: str,
                                attempt: int) -> TraceCarrier | None:
-        headers = self.impl().carrier(run_id, task_key, attempt)
-        return None if headers is None else TraceCarrier(headers)
+        impl = self.impl()
+        headers = impl.carrier(run_id, task_key, attempt)
+        return None if headers is None else TraceCarrier(headers, os.getpid(), impl.sink)
 
     @hookimpl
     def ledgerflow_run_finish(self, run_id: str, state: str) -> None:

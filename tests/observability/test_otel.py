@@ -169,6 +169,64 @@ def test_a_span_opened_in_a_task_on_processes_nests_under_its_attempt(spans: Any
     assert got["parent"] == f"{attempt.context.span_id:016x}"
 
 
+@task(cache=False)
+def opens_global_span() -> dict[str, Any]:
+    """Open spans with the global tracer, as instrumented libraries do."""
+    from opentelemetry import trace
+    tracer = trace.get_tracer("user-code", "1.0")
+    with tracer.start_as_current_span("user work", attributes={"rows": 3}) as span:
+        span.add_event("halfway", {"done": 1})
+        with tracer.start_as_current_span("inner"):
+            pass
+        return {"pid": os.getpid()}
+
+
+@pipeline
+def global_span():
+    return opens_global_span()
+
+
+def test_spans_of_the_global_tracer_in_a_processes_worker_reach_the_driver(
+        spans: Any, ledger: str) -> None:
+    """Tracing turned on from Python (a provider of the driver's): the worker's spans are
+    exported by it, under the attempt."""
+    run = global_span.run(store=ledger, executor="processes", workers=1)
+    assert run.state == "succeeded"
+    assert run.result()["pid"] != os.getpid()          # it ran in a worker process
+    got = _by_name(spans.get_finished_spans())
+    (attempt,) = got["task opens_global_span"]
+    (user,) = got["user work"]
+    (inner,) = got["inner"]
+    assert user.context.trace_id == inner.context.trace_id == attempt.context.trace_id
+    assert user.parent.span_id == attempt.context.span_id
+    assert inner.parent.span_id == user.context.span_id
+    assert user.attributes["rows"] == 3
+    assert [(e.name, dict(e.attributes)) for e in user.events] == [("halfway", {"done": 1})]
+    assert (user.instrumentation_scope.name, user.instrumentation_scope.version) == (
+        "user-code", "1.0")
+    assert attempt.start_time <= user.start_time <= user.end_time <= attempt.end_time
+
+
+def test_spans_of_a_processes_worker_reach_the_exporter_the_otel_variables_name(
+        tmp_path: Path) -> None:
+    code = f"""
+from tests.observability.test_otel import global_span
+run = global_span.run(store={str(tmp_path / "l.duckdb")!r}, executor="processes", workers=1)
+assert run.state == "succeeded", run.state
+"""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("LEDGERFLOW_", "OTEL_", "OPENLINEAGE"))}
+    env.update(OTEL_TRACES_EXPORTER="console", OTEL_SERVICE_NAME="flows")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=180, cwd=Path(__file__).parents[2])
+    assert res.returncode == 0, res.stderr
+    docs = {d["name"]: d for d in _json_objects(res.stdout)}
+    attempt, user = docs["task opens_global_span"], docs["user work"]
+    assert user["parent_id"] == attempt["context"]["span_id"]
+    assert user["context"]["trace_id"] == attempt["context"]["trace_id"]
+    assert user["resource"]["attributes"]["service.name"] == "flows"
+
+
 def test_a_program_task_gets_its_attempt_as_traceparent(spans: Any, ledger: str) -> None:
     show = ledgerflow.program("show", [sys.executable, "-c",
                                        "import os; print(os.environ['TRACEPARENT'])"])
