@@ -75,8 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     elif not hits:
         print("no matches")
     else:
+        # query terms in bold on a terminal; plain text in a pipe or a log (no raw markers)
+        mark = ("\x1b[1m", "\x1b[22m") if sys.stdout.isatty() else ("", "")
         for h in hits:
-            print(format_hit(h))
+            print(format_hit(h, mark))
     return 0
 
 
