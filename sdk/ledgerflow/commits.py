@@ -29,8 +29,10 @@ from .records import (
     DriverHeader,
     Notice,
     Record,
+    ResultRecorded,
     RunDefined,
     RunStateChanged,
+    TaskCreated,
     Transition,
 )
 from .resume import decide
@@ -47,8 +49,9 @@ from .states import (
 from .store import lease_probe
 
 if TYPE_CHECKING:
+    from .executor import Completion
     from .plan import Instance
-    from .store import Lease, RunStore
+    from .store import CacheHit, Lease, RunStore
     from .views import RunView, TaskRow
 
 log = logging.getLogger("ledgerflow")
@@ -168,6 +171,44 @@ class Journal:
         if self.observed:
             self.changes.append((self.run_id, inst.key, old or None, target, inst.attempt,
                                  reason))
+
+    def create_task(self, inst: Instance, now: float) -> None:
+        """Record a new task and its creation (``None -> pending``)."""
+        node = inst.node
+        self.buf.append(TaskCreated(
+            inst.key, node.task.name, node.key,
+            None if inst.group is None else inst.key[len(node.key):], inst.pos,
+            [u.key for u in inst.up], node.task.version, now))
+        self.move(inst, _PENDING.value)
+
+    def succeed(self, inst: Instance, c: Completion) -> None:
+        """Record the result an attempt reported (its blob stored first), then its success."""
+        enc = c.encoded
+        assert enc is not None
+        if c.has_value:
+            inst.value = c.value
+        else:
+            inst.enc = enc
+        inst.hash = enc.hash
+        uri = self.store.put_blob(enc)
+        data = enc.data.decode() if uri is None else None
+        if uri is not None and not c.has_value:
+            inst.enc = None
+            inst.ref = (enc.kind, None, uri)
+        self.buf.append(ResultRecorded(inst.key, inst.attempt, inst.fp, enc.hash, enc.kind,
+                                       data, uri, enc.size, None))
+        inst.fp = None      # recorded; a retry computes it again
+        self.move(inst, _SUCCEEDED)
+
+    def reuse(self, inst: Instance, hit: CacheHit) -> None:
+        """Record a cache hit as the task's result (no attempt runs), then its success."""
+        src_run, src_key, chash, kind, data, uri, size = hit
+        inst.hash = chash
+        inst.ref = (kind, data, uri)
+        self.buf.append(ResultRecorded(inst.key, inst.attempt, inst.fp, chash, kind, data, uri,
+                                       size, src_run))
+        inst.fp = None
+        self.move(inst, _SUCCEEDED, f"cached: same fingerprint as {src_run}/{src_key}")
 
     def restore(self, inst: Instance, row: TaskRow, run_folder: str | None) -> None:
         """Take a task's state from the prior drive, then apply the resume policy."""

@@ -164,6 +164,14 @@ class NoExecutor:
         return None
 
 
+def not_started(job_id: int, exc: Exception) -> Completion:
+    """The report of a job the executor refused to start (e.g. an unpicklable function)."""
+    now = time.time()
+    return Completion(job_id, _ERROR, error=exc, error_type=type(exc).__name__,
+                      error_message=f"executor could not start it: {exc}",
+                      started_at=now, ended_at=now, has_value=False)
+
+
 def queue_ahead(executor: object) -> int:
     """How many jobs without a timeout ``executor`` takes beyond ``workers`` (see Executor)."""
     return max(0, int(getattr(executor, "queue_ahead", 0) or 0))

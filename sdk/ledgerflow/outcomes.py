@@ -78,9 +78,11 @@ def ran_late(state: str, opts: TaskOptions, c: Completion) -> bool:
 
 
 def late_records(key: str, attempt: int, limit: float, c: Completion) -> list[Record]:
-    """What is journaled for a success that :func:`ran_late`."""
-    return [timed_out(key, attempt, limit, c.started_at, c.ended_at,
-                      f"no result within {limit:g}s"),
+    """What is journaled for a success that :func:`ran_late` (its output is kept)."""
+    out: list[Record] = [LogRecorded(key, attempt, "output", c.log, c.log_dropped)] \
+        if c.log else []
+    return [*out, timed_out(key, attempt, limit, c.started_at, c.ended_at,
+                            f"no result within {limit:g}s"),
             Notice(key, attempt, "late_result_rejected",
                    f"result arrived after {c.ended_at - c.started_at:.3g}s, past the "
                    f"{limit:g}s timeout; rejected, not applied", time.time())]

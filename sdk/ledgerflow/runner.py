@@ -30,21 +30,13 @@ from .caching import Cache
 from .commits import Journal
 from .config import Settings
 from .errors import InvalidTransitionError
-from .executor import (
-    Completion,
-    Executor,
-    Job,
-    execute,
-    inline_when_alone,
-    queue_ahead,
-    runs_in_driver,
-)
+from .executor import Completion, Executor, Job, execute, not_started, queue_ahead, runs_in_driver
+from .executor import inline_when_alone as _inline_when_alone
 from .gates import Gates, Pass, Refuse, Verdict, Wait
 from .graph import Graph
 from .inflight import Jobs, Timers
 from .observers import Observers
 from .plan import Instance, Plan, resolver
-from .records import LogRecorded, ResultRecorded, TaskCreated
 from .states import NOT_STARTED, TERMINAL, Outcome, RunState, TaskState
 from .store import CacheHit, Lease, RunStore, reading, worker_folders
 from .views import RunView
@@ -107,7 +99,7 @@ class Runner:
         self.in_driver = runs_in_driver(executor)
         self.workers = 1 if self.in_driver else settings.workers
         self.window = self.workers      # with the executor's queue_ahead (set by drive)
-        self.inline_when_alone = inline_when_alone(executor)
+        self.inline_when_alone = _inline_when_alone(executor)
         self.echo = settings.logs
         self.wait_approvals = settings.wait_approvals
         self.gates = Gates()        # approval gates: what they decide, the runner applies
@@ -170,12 +162,7 @@ class Runner:
                 self._flush()
             row = prior.get(inst.key)
             if row is None:
-                node = inst.node
-                self.j.buf.append(TaskCreated(
-                    inst.key, node.task.name, node.key,
-                    None if inst.group is None else inst.key[len(node.key):], inst.pos,
-                    [u.key for u in inst.up], node.task.version, now))
-                self._move(inst, _PENDING)
+                self.j.create_task(inst, now)
             else:
                 self.j.restore(inst, row, self.folders[1] if self.folders else None)
                 if inst.state == _SUCCEEDED:
@@ -211,8 +198,9 @@ class Runner:
         with quiet_gc():
             try:
                 if self.prior is not None:
-                    with reading(self.store):
-                        self._load_signals()
+                    with reading(self.store):   # what a prior drive recorded
+                        self.gates.load(self.store, self.run_id)
+                        self.steps.load(self.store.steps(self.run_id))
                 self._adopt(self.plan.instantiate())
                 return self._loop()
             finally:
@@ -304,13 +292,7 @@ class Runner:
         if opts.cache:
             hit, rejected = self.cache.lookup(inst, inst.fp, args, kwargs)
             if hit is not None:
-                src_run, src_key, chash, kind, data, uri, size = hit
-                inst.hash = chash
-                inst.ref = (kind, data, uri)
-                self.j.buf.append(ResultRecorded(inst.key, inst.attempt, inst.fp, chash, kind,
-                                                 data, uri, size, src_run))
-                inst.fp = None
-                self._move(inst, _SUCCEEDED, f"cached: same fingerprint as {src_run}/{src_key}")
+                self.j.reuse(inst, hit)
                 self._unlock(inst)
                 return
         if opts.approve is not None and not self._gate_passed(inst, literals, ups):
@@ -353,11 +335,7 @@ class Runner:
         try:
             self.executor.submit(job)
         except Exception as exc:  # executor refused (e.g. unpicklable function)
-            now = time.time()
-            self._on_complete(Completion(job.id, _ERROR, error=exc,
-                                         error_type=type(exc).__name__,
-                                         error_message=f"executor could not start it: {exc}",
-                                         started_at=now, ended_at=now, has_value=False))
+            self._on_complete(not_started(job.id, exc))
 
     # -- approval gates -------------------------------------------------------------------
     def _gate_passed(self, inst: Instance, literals: bytes, ups: Any) -> bool:
@@ -385,11 +363,6 @@ class Runner:
             if self._apply_gate(inst, verdict) and isinstance(verdict, Pass):
                 self._move(inst, _READY, f"approved by {verdict.by}")
                 self.ready.append(inst)
-
-    def _load_signals(self) -> None:
-        """What a prior drive recorded: requests, decisions and step results."""
-        self.gates.load(self.store, self.run_id)
-        self.steps.load(self.store.steps(self.run_id))
 
     def _finish_waiting(self) -> str:
         """Nothing can run until a person decides: stop driving, the run ``waiting``."""
@@ -435,9 +408,6 @@ class Runner:
         opts = inst.node.task.options
         if outcomes.ran_late(inst.state, opts, c):
             assert opts.timeout is not None
-            if c.log:
-                self.j.buf.append(LogRecorded(inst.key, inst.attempt, "output", c.log,
-                                            c.log_dropped))
             self._journal(outcomes.late_records(inst.key, inst.attempt, opts.timeout, c))
             self._apply(inst, outcomes.retry_or_fail(
                 opts, inst.used, f"attempt {inst.attempt} timed out after {opts.timeout:g}s",
@@ -484,22 +454,7 @@ class Runner:
             self.plan.failed(inst)
 
     def _succeed(self, inst: Instance, c: Completion) -> None:
-        enc = c.encoded
-        assert enc is not None
-        if c.has_value:
-            inst.value = c.value
-        else:
-            inst.enc = enc
-        inst.hash = enc.hash
-        uri = self.store.put_blob(enc)
-        data = enc.data.decode() if uri is None else None
-        if uri is not None and not c.has_value:
-            inst.enc = None
-            inst.ref = (enc.kind, None, uri)
-        self.j.buf.append(ResultRecorded(inst.key, inst.attempt, inst.fp, enc.hash, enc.kind,
-                                       data, uri, enc.size, None))
-        inst.fp = None      # recorded; a retry computes it again
-        self._move(inst, _SUCCEEDED)
+        self.j.succeed(inst, c)
         self._unlock(inst)
 
     def _unlock(self, inst: Instance) -> None:
