@@ -6,7 +6,9 @@ ledger, ``<ledger>.d/metrics.prom``) or a path (that file; a directory:
 :func:`enable` is called.
 
 Drivers count what their commits hold (:mod:`ledgerflow_observability._metrics`
-lists the metrics) and add it to the textfile every
+lists the metrics; the gauges of runs in progress and waiting approvals are
+read from the ledger, :mod:`ledgerflow_observability._gauges`) and add it to
+the textfile every
 ``LEDGERFLOW_PROMETHEUS_INTERVAL`` seconds (10) and when a run stops, under
 a file lock, so the file holds the sums of every driver that wrote it.
 ``pipeline console`` serves the same file at ``/metrics``
@@ -73,14 +75,25 @@ def textfile_for(store: str | None = None) -> Path | None:
 
 
 def exposition(store: str | None = None) -> bytes:
-    """The metrics text the console's ``/metrics`` answers (empty before any write)."""
+    """The metrics text the console's ``/metrics`` answers (empty before any write): the
+    textfile, with the gauges of the ledger ``store`` read now."""
     path = textfile_for(store)
     if path is None:
         return b""
     try:
-        return path.read_bytes()
+        text = path.read_text()
     except FileNotFoundError:
         return b""
+    try:
+        from ledgerflow.control import open_ledger
+
+        from . import _gauges
+        from ._prometheus import with_gauges
+        ledger = open_ledger(store)
+        return with_gauges(text, _gauges.ledger_label(ledger), _gauges.read(ledger))
+    except Exception:   # the ledger cannot be read now: serve the file as it is
+        log.warning("Prometheus metrics: the gauges could not be read", exc_info=True)
+        return text.encode()
 
 
 class Observer:
@@ -92,6 +105,7 @@ class Observer:
         self.interval = interval if interval is not None else prometheus_interval()
         self.counting = Counting()
         self.paths: dict[str, Path | None] = {}       # run id -> its textfile
+        self.stores: dict[str, RunStore] = {}         # run id -> its ledger (the gauges)
         self.pending: set[Path] = set()
         self.next_write = time.monotonic() + self.interval
         self._warned = False
@@ -107,6 +121,7 @@ class Observer:
                 log.warning("Prometheus metrics: store %r keeps no files; set "
                             "LEDGERFLOW_PROMETHEUS=PATH to write a textfile", store.name)
             self.paths[run_id] = path
+            self.stores[run_id] = store
         path = self.paths[run_id]
         self.counting.committed(run_id, records, store)
         if path is not None:
@@ -119,6 +134,7 @@ class Observer:
         self.counting.finish(run_id)
         self.write()
         self.paths.pop(run_id, None)
+        self.stores.pop(run_id, None)
 
     def write(self) -> None:
         """Add what was counted since the last write to the textfile(s)."""
@@ -131,9 +147,23 @@ class Observer:
             if len(paths) > 1:      # runs of several ledgers in one process: each its own
                 log.warning("Prometheus metrics: runs of several ledgers in one process; "
                             "all counts go to %s", paths[0])
-            merge_into(paths[0], self.counting.metrics)
+            merge_into(paths[0], self.counting.metrics, self._gauges(paths[0]))
         except Exception:   # metrics must never break a run
             log.exception("Prometheus textfile could not be written")
+
+    def _gauges(self, path: Path) -> tuple[str, dict[str, dict[tuple[str, ...], float]]] | None:
+        """The gauges of the ledger of a run counted into ``path`` (None: none to read)."""
+        store = next((self.stores[r] for r, p in self.paths.items()
+                      if p == path and r in self.stores), None)
+        if store is None:
+            return None
+        from . import _gauges
+        try:
+            return _gauges.ledger_label(store), _gauges.read(store)
+        except Exception:   # a ledger that cannot be read now: the counts still go out
+            log.warning("Prometheus metrics: the gauges could not be read from %s",
+                        store.location or store.name, exc_info=True)
+            return None
 
     def close(self) -> None:
         """Write what is left; stop writing at exit."""

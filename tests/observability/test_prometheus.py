@@ -150,3 +150,58 @@ def test_on_with_1_writes_beside_the_ledger_and_the_console_serves_it(
     assert prometheus.textfile_for(ledger) == beside
     assert prometheus.exposition(ledger) == beside.read_bytes()
     assert prometheus.exposition(str(tmp_path / "other.duckdb")) == b""
+
+
+@task(approve=True)
+def gated(x: int) -> int:
+    return x
+
+
+@pipeline
+def two_gates(n: int = 2):
+    return gated.map(list(range(n)))
+
+
+def gauges(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.type == "gauge":
+            for s in fam.samples:
+                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_gauges_of_runs_in_progress_and_waiting_approvals_equal_the_ledger(
+        tmp_path: Path) -> None:
+    import ledgerflow
+    store = str(tmp_path / "l.duckdb")
+    prometheus.enable("ledger")
+    try:
+        run = two_gates.run(store=store, executor="inline")       # stops: waiting
+        submitted = ledgerflow.control.submit(two_gates, store=store, n=3)
+    finally:
+        prometheus.disable()
+    assert run.state == "waiting"
+    beside = Path(store + ".d") / "metrics.prom"
+    pending = ledgerflow.approvals(store=store)
+    assert len(pending) == 2
+    states = {v.run_id: v.state for v in ledgerflow.control.runs(store=store)}
+    assert states == {run.run_id: "waiting", submitted: "submitted"}
+
+    def check(got: dict[Any, float], waiting: float, runs: dict[str, float]) -> None:
+        assert value(got, "ledgerflow_approvals_waiting", ledger=store,
+                     pipeline="two_gates") == waiting
+        for state in ("submitted", "running", "waiting", "cancelling"):
+            assert value(got, "ledgerflow_runs_in_progress", ledger=store,
+                         pipeline="two_gates", state=state) == runs.get(state, 0), state
+
+    # the textfile, as the driver left it when it stopped (the submit drove nothing)
+    check(gauges(beside.read_text()), 1 + 1, {"waiting": 1})
+    # the console's /metrics reads them again from the ledger
+    served = gauges(prometheus.exposition(store).decode())
+    check(served, 2, {"waiting": 1, "submitted": 1})
+    run.approve("gated[0]", digest=pending[0]["digest"], by="ana")
+    check(gauges(prometheus.exposition(store).decode()), 1, {"waiting": 1, "submitted": 1})
+    # the counters are still the file's
+    assert value(samples(beside), "ledgerflow_task_transitions_total", pipeline="two_gates",
+                 state="waiting_approval") == 2
