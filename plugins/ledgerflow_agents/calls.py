@@ -448,7 +448,8 @@ class Session:
                 self.ctx.record_tool_call(**base, approved_by=approved_by,
                                           outcome="refused", error=str(exc))
                 raise self._refuse(exc) from None
-        guard = Guard(tname, prepared.reads, prepared.writes, t.network, t.spawn)
+        guard = Guard(tname, prepared.reads, prepared.writes, t.network, t.spawn,
+                      code=Guard.code_of(t.fn))
         outcome, error, value = "ok", "", None
         try:
             with _observe("tool_call", tname, call_id=str(call.get("id") or "")), \

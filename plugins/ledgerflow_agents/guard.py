@@ -17,12 +17,33 @@ thread's context:
 A refused operation raises :class:`~ledgerflow_agents.errors.PathNotAllowed`
 (or :class:`~ledgerflow_agents.errors.ToolNotAllowed`) inside the tool, and is
 remembered: even a tool that catches the error fails its task afterwards.
-Reading Python code (``.py``, ``.pyc``, extension modules) and package
-metadata (``*.dist-info``, ``*.egg-info``) anywhere, anything under the
-interpreter's prefixes, listing the folders the import
-system lists (``sys.path`` entries, packages), and reading what libraries
-read about the machine (``/proc/stat``, ``/proc/cpuinfo``, cgroup limits, the
-time zone; not ``/proc/self/environ``) is allowed, so imports work.
+
+**Who asks.** The runtime reads files the tool never named: the import system
+reads code, a plugin lookup reads package metadata, an embedding library reads
+``/proc/sys/kernel/random/boot_id`` and ``/proc/self/mounts`` and its model
+cache. The guard tells these apart from the tool's own reads by the Python
+frame that asks for the file, skipping the standard-library modules that only
+open on a caller's behalf (``pathlib``, ``io``, ``shutil``, ``tempfile``...):
+
+* **the tool's own code** (the tool function's file; with no tool file known,
+  any code outside the interpreter's prefixes) may read only its roots, plus
+  harmless facts about the machine (``/proc/stat``, ``/proc/cpuinfo``, its own
+  ``/proc/self/status``, cgroup limits, the time zone, ``/dev/null``). A path
+  the model chose cannot reach a ``.py``, ``.pth`` or ``*.dist-info`` file
+  outside the roots;
+* **the runtime** (the import system, the standard library, installed
+  packages, other modules) may also read code and package metadata inside the
+  import roots (``sys.path`` entries) and the interpreter's prefixes, the
+  process's identity files (``/proc/sys/kernel/random/boot_id``, its own
+  ``/proc/PID/mounts``...), and the model caches (``HF_HOME``,
+  ``TORCH_HOME``, ``SENTENCE_TRANSFORMERS_HOME``, ``~/.cache/huggingface``,
+  ``~/.cache/torch``, ``~/.cache/ledgerflow``; never a ``token`` file there),
+  and list the folders the import system lists. It may also make and remove
+  new files and folders in the temporary folder (``tempfile``'s probe, a
+  library's scratch file: created ``O_EXCL``, never an existing file) and
+  write in the model caches.
+
+Nobody may read ``/proc/self/environ`` (secrets) or another process's files.
 
 Limits, by construction of audit hooks: what C code does on its own (DuckDB
 opening its file, a C library's sockets) is not seen, nor what threads the
@@ -39,6 +60,7 @@ import importlib.machinery
 import os
 import re
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -78,6 +100,20 @@ class Guard:
     network: bool = False
     spawn: bool = False
     violations: list[tuple[str, str]] = field(default_factory=list)   # (kind, message)
+    #: the real paths of the tool's own source files (empty: any code outside the
+    #: interpreter's prefixes counts as the tool's)
+    code: frozenset[str] = frozenset()
+
+    @staticmethod
+    def code_of(fn: Any) -> frozenset[str]:
+        """The source files of ``fn`` and of what it wraps (``functools.wraps``)."""
+        out = set()
+        while fn is not None:
+            code = getattr(fn, "__code__", None)
+            if code is not None:
+                out.add(os.path.realpath(code.co_filename))
+            fn = getattr(fn, "__wrapped__", None)
+        return frozenset(out)
 
     def refuse(self, kind: str, message: str) -> None:
         self.violations.append((kind, message))
@@ -102,24 +138,89 @@ def _real(path: Any) -> str | None:
         return None
 
 
-#: What libraries read to learn about the machine (CPU count, memory, time zone); not
-#: /proc/self/environ or other processes' files, which can hold secrets.
+#: Harmless facts about the machine any caller may read (CPU count, memory, time zone);
+#: not /proc/self/environ or other processes' files, which can hold secrets.
 _SYSTEM = ("/proc/stat", "/proc/cpuinfo", "/proc/meminfo", "/proc/self/stat",
-           "/proc/self/status", "/proc/self/cgroup", "/proc/self/mountinfo",
-           "/proc/self/maps", "/sys/devices/system/cpu", "/sys/fs/cgroup", "/etc/localtime",
-           "/usr/share/zoneinfo", "/etc/ld.so.cache", "/dev/null", "/dev/urandom")
+           "/proc/self/status", "/proc/self/cgroup", "/sys/devices/system/cpu",
+           "/sys/fs/cgroup", "/etc/localtime", "/usr/share/zoneinfo", "/dev/null",
+           "/dev/urandom")
+#: What the runtime reads about the process and the host (identity, mounts, loader).
+_IDENTITY = ("/proc/sys/kernel/random/boot_id", "/proc/sys/kernel/random/uuid",
+             "/proc/self/mounts", "/proc/self/mountinfo", "/proc/self/maps",
+             "/proc/self/auxv", "/proc/self/exe", "/proc/self/cmdline", "/proc/mounts",
+             "/proc/version", "/proc/sys/kernel/osrelease", "/proc/sys/vm/overcommit_memory",
+             "/proc/sys/kernel/pid_max", "/etc/ld.so.cache", "/etc/os-release",
+             "/usr/lib/os-release", "/etc/machine-id", "/sys/devices", "/sys/bus",
+             "/sys/kernel/mm/transparent_hugepage")
 _SELF = re.compile(r"^/proc/(\d+)(?=/|$)")
 #: installed packages' metadata (entry points, versions), which plugin lookups read
 _METADATA = re.compile(r"/[^/]+\.(dist-info|egg-info)(/|$)")
+#: standard-library modules that open files on their caller's behalf: the caller asks
+_PASS_THROUGH = frozenset({"pathlib", "pathlib._local", "pathlib._abc", "io", "_pyio",
+                           "codecs", "os", "shutil", "tempfile", "glob", "fileinput",
+                           "genericpath", "posixpath", "gzip", "bz2", "lzma", "zipfile",
+                           "tarfile", "contextlib", "functools"})
+_HERE = os.path.realpath(__file__)
 
 
-def _is_code(path: str) -> bool:
-    if path.endswith(_CODE) or within(path, _PREFIXES) or _METADATA.search(path):
-        return True
+def _self_path(path: str) -> str:
+    """``/proc/<our pid>/x`` as ``/proc/self/x`` (another pid stays as it is)."""
     m = _SELF.match(path)
     if m and int(m.group(1)) == os.getpid():
-        path = "/proc/self" + path[m.end():]
-    return within(path, _SYSTEM)
+        return "/proc/self" + path[m.end():]
+    return path
+
+
+def _model_caches() -> tuple[str, ...]:
+    home = os.path.expanduser("~")
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
+    found = [os.environ.get(v) for v in ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE",
+                                         "TRANSFORMERS_CACHE", "SENTENCE_TRANSFORMERS_HOME",
+                                         "TORCH_HOME")]
+    found += [os.path.join(xdg, n) for n in ("huggingface", "torch", "ledgerflow")]
+    return tuple(sorted({os.path.realpath(f) for f in found if f}))
+
+
+_roots_cache: tuple[tuple[int, int], tuple[str, ...]] = ((-1, -1), ())
+
+
+def _import_roots() -> tuple[str, ...]:
+    """Where importable code lives: ``sys.path`` folders, the interpreter's prefixes, and
+    the folders of imported top-level packages and modules (editable installs map
+    packages with an import hook, not a ``sys.path`` entry)."""
+    global _roots_cache
+    key = (len(sys.path), len(sys.modules))
+    if _roots_cache[0] == key:
+        return _roots_cache[1]
+    found = {os.path.realpath(p) for p in sys.path
+             if isinstance(p, str) and p and os.path.isdir(p)} | set(_PREFIXES)
+    for name, mod in list(sys.modules.items()):
+        if "." in name or mod is None:
+            continue
+        for where in getattr(mod, "__path__", None) or ():
+            if isinstance(where, str):
+                found.add(os.path.realpath(where))
+        file = getattr(mod, "__file__", None)
+        if isinstance(file, str):
+            found.add(os.path.dirname(os.path.realpath(file)))
+    roots = tuple(sorted(found))
+    _roots_cache = (key, roots)
+    return roots
+
+
+def _is_machine_fact(path: str) -> bool:
+    return within(_self_path(path), _SYSTEM)
+
+
+def _is_runtime(path: str) -> bool:
+    """A file the runtime itself reads: code, metadata, identity files, model caches."""
+    path = _self_path(path)
+    if within(path, _IDENTITY) or within(path, _PREFIXES):
+        return True
+    if (path.endswith(_CODE) or _METADATA.search(path)) and within(path, _import_roots()):
+        return True
+    return within(path, _model_caches()) and os.path.basename(path) not in (
+        "token", "stored_tokens")
 
 
 def _is_code_dir(path: str) -> bool:
@@ -127,6 +228,24 @@ def _is_code_dir(path: str) -> bool:
     if os.path.isfile(os.path.join(path, "__init__.py")):
         return True
     return any(path == os.path.realpath(p or ".") for p in sys.path if isinstance(p, str))
+
+
+def _runtime_asks(g: Guard) -> bool:
+    """True when the nearest asking frame is not the tool's own code (see the module doc)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code.co_filename
+        if code == __file__ or os.path.realpath(code) == _HERE or \
+                frame.f_globals.get("__name__") in _PASS_THROUGH:
+            frame = frame.f_back
+            continue
+        if code.startswith("<frozen"):
+            return True                     # the import system
+        real = os.path.realpath(code)
+        if g.code:
+            return real not in g.code
+        return within(real, _PREFIXES)
+    return False
 
 
 def _hook(event: str, args: tuple[Any, ...]) -> None:
@@ -149,10 +268,13 @@ def _check(g: Guard, event: str, args: tuple[Any, ...]) -> None:
         flags = args[2] if len(args) > 2 else 0
         writes = bool(isinstance(mode, str) and any(c in mode for c in "wax+")) or bool(
             isinstance(flags, int) and flags & _WRITE_FLAGS)
-        _path(g, path, writes, "open")
+        fresh = bool(isinstance(mode, str) and "x" in mode) or bool(   # a new file only
+            isinstance(flags, int) and flags & (os.O_EXCL | getattr(os, "O_TMPFILE", 0)))
+        _path(g, path, writes, "open", fresh=fresh)
     elif event in _LIST:
         path = _real(args[0] if args and args[0] is not None else ".")
-        if path is not None and not _is_code_dir(path):
+        if path is not None and not (within(path, g.reads + g.writes) or (
+                (_is_code_dir(path) or _is_runtime(path)) and _runtime_asks(g))):
             _path(g, path, False, event)
     elif event in _MUTATE:
         if event == "os.mkdir" and len(args) > 2 and args[2] in (None, -1) \
@@ -173,14 +295,39 @@ def _check(g: Guard, event: str, args: tuple[Any, ...]) -> None:
                      f"({event}); declare @tool(spawn=True)")
 
 
-def _path(g: Guard, path: str, writes: bool, event: str) -> None:
+#: what the runtime may do in the temporary folder: make new files and folders, remove them
+_SCRATCH = frozenset({"open", "os.mkdir", "os.remove", "os.rmdir", "shutil.rmtree"})
+
+
+def _runtime_writes(g: Guard, path: str, event: str, fresh: bool) -> bool:
+    """A library's scratch file (a new temp file, ``tempfile``'s probe) or its model cache."""
+    if within(path, _model_caches()):
+        return os.path.basename(path) not in ("token", "stored_tokens") and _runtime_asks(g)
+    # opening the folder itself for writing makes an unnamed file in it (O_TMPFILE)
+    if event not in _SCRATCH or (event == "open" and not fresh and not os.path.isdir(path)):
+        return False
+    return within(path, _temp_dirs()) and _runtime_asks(g)
+
+
+def _temp_dirs() -> tuple[str, ...]:
+    """The folders :func:`tempfile.gettempdir` may choose, found without calling it: the
+    hook may run inside its probe, which holds the lock gettempdir takes."""
+    found = [tempfile.tempdir] + [os.environ.get(v) for v in ("TMPDIR", "TEMP", "TMP")]
+    found += ["/tmp", "/var/tmp", "/usr/tmp"]
+    return tuple(sorted({os.path.realpath(f) for f in found if f}))
+
+
+def _path(g: Guard, path: str, writes: bool, event: str, *, fresh: bool = False) -> None:
     if writes:
-        if within(path, g.writes):
+        if within(path, g.writes) or _runtime_writes(g, path, event, fresh):
             return
         g.refuse("path_not_allowed", f"tool {g.tool!r} may not write {path} ({event}); "
                  f"its write roots: {', '.join(g.writes) or 'none'}")
-    if within(path, g.reads + g.writes) or _is_code(path) or not os.path.exists(path):
+    if within(path, g.reads + g.writes) or _is_machine_fact(path) or \
+            not os.path.exists(path):
         return                  # (a missing file reads nothing: libraries probe paths)
+    if _is_runtime(path) and _runtime_asks(g):
+        return                  # the import system or a library, not the tool's own code
     g.refuse("path_not_allowed", f"tool {g.tool!r} may not read {path} ({event}); "
              f"its roots: {', '.join(g.reads + g.writes) or 'none'}")
 

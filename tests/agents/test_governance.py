@@ -277,3 +277,50 @@ def test_the_guard_lets_libraries_read_about_the_machine_but_not_the_environment
         with pytest.raises(PathNotAllowed):
             (tmp_path / "new").mkdir()                   # would create: a write
     assert [k for k, _ in g.violations] == ["path_not_allowed"] * 2
+
+
+def test_the_tools_own_code_reads_no_code_or_metadata_outside_its_roots(tmp_path: Path) -> None:
+    """Issue 31 #8: a path the model chose cannot reach ``*.py``, ``*.pth`` or
+    ``*.dist-info`` files outside the roots; the import system still can."""
+    import importlib.metadata
+    import sysconfig
+
+    root, other = tmp_path / "root", tmp_path / "other"
+    (other / "pkg-1.0.dist-info").mkdir(parents=True)
+    root.mkdir()
+    planted = [other / "settings.py", other / "evil.pth", other / "pkg-1.0.dist-info" / "RECORD"]
+    for p in planted:
+        p.write_text("SECRET = 'planted'\n")
+    installed = [Path(sysconfig.get_paths()["purelib"]) / "distutils-precedence.pth",
+                 Path(importlib.metadata.distribution("msgspec")._path) / "METADATA",  # type: ignore[attr-defined]
+                 Path(os.__file__)]
+    g = Guard("t", reads=(str(root),), writes=())
+    with guarded(g):
+        for p in planted + [p for p in installed if p.exists()]:
+            with pytest.raises(PathNotAllowed, match="may not read"):
+                p.read_text()
+        import email.mime.text  # noqa: F401  (the import system reads code: allowed)
+        assert importlib.metadata.version("msgspec")      # a library reads metadata: allowed
+    assert {k for k, _ in g.violations} == {"path_not_allowed"}
+
+
+def test_the_runtime_may_read_identity_files_and_make_scratch_files(tmp_path: Path) -> None:
+    """Issue 30 #1: what an embedding library reads and writes while a tool runs."""
+    import tempfile
+
+    g = Guard("t", reads=(str(tmp_path),), writes=(), code=frozenset({"/nowhere/tool.py"}))
+    with guarded(g):                           # this test's code stands for a library here
+        for p in ("/proc/sys/kernel/random/boot_id", f"/proc/{os.getpid()}/mounts"):
+            if os.path.exists(p):
+                Path(p).read_text()
+        with tempfile.NamedTemporaryFile() as fh:     # a new file: O_EXCL
+            fh.write(b"x")
+        with pytest.raises(PathNotAllowed):
+            Path("/proc/self/environ").read_bytes()
+    assert [k for k, _ in g.violations] == ["path_not_allowed"]
+    mine = Guard("t", reads=(str(tmp_path),), writes=())      # the tool's own code: refused
+    with guarded(mine):
+        with pytest.raises(PathNotAllowed):
+            Path("/proc/sys/kernel/random/boot_id").read_text()
+        with pytest.raises(PathNotAllowed):
+            tempfile.NamedTemporaryFile(dir=tempfile.gettempdir())

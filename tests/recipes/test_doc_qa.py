@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from doc_index_testutil import rows
+from doc_index_testutil import CORPUS, build_locally, rows
 
 from ledgerflow_docindex.search import search
 
@@ -138,3 +138,27 @@ def test_the_local_model_searches_and_cites_a_passage_it_was_shown_the_same_each
             (d, p) for d, p, _ in rows(corpus_index)}
         calls.append([(m["request_hash"], m["response_hash"]) for m in models])
     assert calls[0] == calls[1]                                      # greedy: the same calls
+
+
+@pytest.mark.minilm
+def test_doc_qa_runs_on_a_minilm_index(tmp_path: Path) -> None:
+    """Issue 30 #1: the README's sequence (a ``minilm`` index, then doc_qa on it). Loading
+    the model reads ``/proc/sys/kernel/random/boot_id``, ``/proc/PID/mounts``, code and
+    the model cache, and probes the temp folder: the runtime's reads, not the tool's."""
+    import shutil
+
+    source = tmp_path / "docs"
+    (source / "licenses").mkdir(parents=True)
+    shutil.copy(CORPUS / "licenses" / "apache-2.0.txt", source / "licenses")
+    index = tmp_path / "index.duckdb"
+    build_locally(source, index, embedder="minilm")
+    res, run_id = _run(tmp_path, index)
+    assert res.returncode == 3, res.stdout + res.stderr           # waits to save, no refusal
+    ledger = tmp_path / "ledger.duckdb"
+    assert _tool_calls(run_id, ledger) == [("search_index", "ok", "")]
+    (req,) = _json("approvals", run_id, ledger=ledger)
+    assert CITED in req["summary"]
+    doc, position = CITED.split("#")
+    assert (doc, int(position)) in {(d, p) for d, p, _ in rows(index)}
+    hits = search(index, "Apache patent license", k=3, snippet_chars=240)
+    assert (doc, int(position)) in {(h.doc_id, h.position) for h in hits}
