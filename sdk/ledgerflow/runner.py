@@ -77,6 +77,9 @@ class Runner:
         self.j = j = Journal(store, run_id, self.observers, prior)
         self._move, self._move_run, self._note = j.move, j.move_run, j.note
         self._journal, self._flush = j.add, j.flush
+        #: the run's own records: create it, take it over (resume), cancel it unstarted
+        self.create, self.take_over, self.cancel_submitted = (
+            j.create, j.take_over, j.cancel_submitted)
         self.cancel_event = cancel_event or threading.Event()
         #: a cancel request (here or from any process), or a lease this driver lost
         self._cancel_seen = partial(j.stop_seen, self.cancel_event)
@@ -106,32 +109,14 @@ class Runner:
         self.folders: tuple[str, str] | None = worker_folders(store, run_id)
         self.steps = StepResults(self.folders[1] if self.folders else None)
 
-    @property
-    def hook_records(self) -> Any:
-        """The ``ledgerflow_records_committed`` hook, or None (read by older tests)."""
-        return self.observers.records
-
-    @property
-    def hook_carrier(self) -> Any:
-        """The ``ledgerflow_job_carrier`` hook, or None (read by older tests)."""
-        return self.observers.carrier_hook
+    #: the observer hooks someone implements, or None (tests read these)
+    hook_records = property(lambda self: self.observers.records)
+    hook_carrier = property(lambda self: self.observers.carrier_hook)
 
     @property
     def lease(self) -> Lease | None:
-        """The lease this driver holds (None before :meth:`create` or :meth:`take_over`)."""
+        """The lease this driver holds (None before ``create`` or ``take_over``)."""
         return self.j.lease
-
-    def create(self, **run: Any) -> Lease:
-        """Record a new run and take its lease (see :meth:`Journal.create`)."""
-        return self.j.create(**run)
-
-    def take_over(self, lease: Lease) -> None:
-        """Continue a run whose lease ``lease`` this process now holds (resume)."""
-        self.j.take_over(lease)
-
-    def cancel_submitted(self, lease: Lease, reason: str) -> None:
-        """End a ``submitted`` run that no driver took yet: it goes ``cancelled``."""
-        self.j.cancel_submitted(lease, reason)
 
     # -- commits ------------------------------------------------------------------------
     def _commit(self) -> None:
