@@ -1,0 +1,267 @@
+"""The kill -9 harness: seeded SIGKILLs anywhere in real runs, resumed, checked (issues 31, 34).
+
+Each case makes its share of ``LEDGERFLOW_KILL_POINTS`` kill points (default: a
+bound for CI, about 90 s on a quiet 2-core machine) and prints its seed and counts
+(``kill points: N, lost: 0, bricked: 0, stale: 0``) so that several CI runs add up;
+``LEDGERFLOW_KILL_SEED`` replays one seed, ``LEDGERFLOW_KILL_LOG`` appends the counts
+as JSON lines to a file. Points are spread over a run: before the ledger exists,
+while it is made, mid-run (after a random number of side effects) and in the final fold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.killing import (
+    Project,
+    Tally,
+    journals,
+    kill_points_wanted,
+    last_commit_written,
+    seeded,
+    wait_for,
+)
+
+pytestmark = pytest.mark.subprocess
+
+#: kill points of one CI run, shared out over the cases below by these weights
+SHARES = {"effects": 5, "programs": 2, "approvals": 2, "damaged": 1, "concurrent": 2}
+DEFAULT_POINTS = 24
+
+
+def _share(case: str) -> int:
+    total = kill_points_wanted(DEFAULT_POINTS)
+    return max(1, round(total * SHARES[case] / sum(SHARES.values())))
+
+
+@pytest.fixture(scope="module")
+def board(request: pytest.FixtureRequest) -> Iterator[list[Tally]]:
+    """Collects every case's tally; prints the seeds and the totals when the module ends."""
+    tallies: list[Tally] = []
+    yield tallies
+    reporter = request.config.pluginmanager.getplugin("terminalreporter")
+    lines = [t.line() for t in tallies]
+    lines.append(f"kill harness total: kill points: {sum(t.kills for t in tallies)}, "
+                 f"lost: {sum(len(t.lost) for t in tallies)}, "
+                 f"bricked: {sum(len(t.bricked) for t in tallies)}, "
+                 f"stale: {sum(len(t.stale) for t in tallies)}")
+    for line in lines:
+        if reporter is not None:
+            reporter.write_line(line)
+        else:
+            print(line)
+
+
+@pytest.fixture
+def tally(board: list[Tally], request: pytest.FixtureRequest) -> Iterator[Tally]:
+    seed, _ = seeded()
+    seed = (seed + sum(map(ord, request.node.name))) % (1 << 32)   # one stream per case
+    own = Tally(seed)
+    board.append(own)
+    yield own
+    log = os.environ.get("LEDGERFLOW_KILL_LOG")
+    if log:
+        with open(log, "a") as fh:
+            fh.write(json.dumps({"case": request.node.name, "seed": own.seed,
+                                 "kill_points": own.kills, "lost": len(own.lost),
+                                 "bricked": len(own.bricked), "stale": len(own.stale)}) + "\n")
+
+
+def _verdict(tally: Tally) -> None:
+    print(tally.line())
+    assert not (tally.lost or tally.bricked or tally.stale), tally.failures()
+    assert tally.kills > 0, "no kill point was made"
+
+
+def _kill_somewhere(p: Project, proc, rng: random.Random, side_effects: int,
+                    where: str | None = None) -> str:
+    """Wait for a chosen point of ``proc``'s run, then SIGKILL it; say which point."""
+    where = where or rng.choice(["start", "creation", "mid", "mid", "final-fold"])
+    if where == "start":                        # before the ledger (or its journal) exists
+        time.sleep(rng.uniform(0.0, 0.6))
+    elif where == "creation":                   # while the ledger file is being made
+        wait_for(lambda: Path(p.ledger).exists() or journals(p.ledger), 60)
+        time.sleep(rng.uniform(0.0, 0.15))
+    elif where == "mid":
+        wanted = rng.randint(1, max(1, side_effects - 1))
+        wait_for(lambda: sum(p.effects().values()) >= wanted, 60)
+    else:
+        wait_for(lambda: last_commit_written(p.ledger), 60)
+    p.kill(proc)
+    return where
+
+
+def _new_run(p: Project, rng: random.Random, *args: str, side_effects: int) -> str | None:
+    """Start ``pipeline run`` and kill it at a random point; the run's id, if one was made."""
+    proc = p.start("run", *args)
+    _kill_somewhere(p, proc, rng, side_effects)
+    ids = p.run_ids()
+    return ids[0] if ids else None
+
+
+def _maybe_kill_a_resume(p: Project, rng: random.Random, run_id: str, *args: str) -> None:
+    """Half the time, kill the first ``resume`` too, somewhere in its run."""
+    if rng.random() < 0.5:
+        proc = p.start("resume", run_id, *args)
+        time.sleep(rng.uniform(0.2, 2.0))
+        p.kill(proc)
+
+
+def _executor(rng: random.Random) -> tuple[str, ...]:
+    return rng.choice([("--executor", "inline"), ("--executor", "threads", "--workers", "2")])
+
+
+def _fold_env(rng: random.Random) -> dict[str, str]:
+    """Folds often (the file made early, kills land in folds) or only at the end."""
+    return rng.choice([{"LEDGERFLOW_FOLD_INTERVAL": "0.1", "LEDGERFLOW_FOLD_WAKE_BYTES": "1"},
+                       {}, {"LEDGERFLOW_FOLD_INTERVAL": "3600"}])
+
+
+def test_side_effect_tasks_killed_anywhere(tmp_path: Path, tally: Tally) -> None:
+    rng = random.Random(tally.seed)
+    trial = 0
+    while tally.kills < _share("effects"):
+        trial += 1
+        p = Project(tmp_path / f"t{trial}", tally, DELAY="0.03", **_fold_env(rng))
+        ex = _executor(rng)
+        run_id = _new_run(p, rng, f"{p.flow}:fan", "-p", "n=30", *ex, side_effects=30)
+        if run_id is None:                      # killed before the run was recorded
+            assert p.cli("runs").returncode == 0
+            continue
+        _maybe_kill_a_resume(p, rng, run_id, *ex)
+        after = p.finish(run_id, resume=ex)
+        if after is not None and after["state"] != "succeeded":
+            tally.bricked.append(f"t{trial} {run_id}: resume left it {after['state']}")
+    _verdict(tally)
+
+
+def test_program_tasks_killed_anywhere(tmp_path: Path, tally: Tally) -> None:
+    rng = random.Random(tally.seed)
+    trial = 0
+    while tally.kills < _share("programs"):
+        trial += 1
+        p = Project(tmp_path / f"t{trial}", tally, **_fold_env(rng))
+        ex = _executor(rng)
+        run_id = _new_run(p, rng, f"{p.flow}:progs", "-p", "n=8", "-p", "delay=0.15", *ex,
+                          side_effects=8)
+        if run_id is None:
+            continue
+        _maybe_kill_a_resume(p, rng, run_id, *ex)
+        after = p.finish(run_id, resume=ex)
+        if after is not None and after["state"] != "succeeded":
+            tally.bricked.append(f"t{trial} {run_id}: resume left it {after['state']}")
+    _verdict(tally)
+
+
+def test_approval_waits_killed_then_approved_and_resumed(tmp_path: Path, tally: Tally) -> None:
+    rng = random.Random(tally.seed)
+    trial = 0
+    while tally.kills < _share("approvals"):
+        trial += 1
+        p = Project(tmp_path / f"t{trial}", tally, DELAY="0.03", **_fold_env(rng))
+        run_id = _new_run(p, rng, f"{p.flow}:gated", "--executor", "inline", side_effects=20)
+        if run_id is None:
+            continue
+        waiting = p.finish(run_id, resume=("--executor", "inline"), expect=3)   # at the gate
+        if waiting is None:
+            continue
+        res = p.cli("approvals", run_id, "--json")
+        requests = json.loads(res.stdout) if res.returncode == 0 else []
+        if len(requests) != 1:
+            tally.bricked.append(f"t{trial} {run_id}: waiting requests {requests}")
+            continue
+        approved = p.cli("approve", run_id, "publish", "--digest", requests[0]["digest"][:12])
+        if approved.returncode != 0:
+            tally.bricked.append(f"t{trial} {run_id}: approve: {approved.stderr.strip()}")
+            continue
+        _maybe_kill_a_resume(p, rng, run_id, "--executor", "inline")
+        done = p.finish(run_id, resume=("--executor", "inline"))
+        if done is None:
+            continue
+        if done["state"] != "succeeded":
+            tally.bricked.append(f"t{trial} {run_id}: resume left it {done['state']}")
+        effects = p.effects()           # (repeats beyond lost attempts: checked in finish)
+        if not (effects["publish"] and effects["after"]):
+            tally.lost.append(f"t{trial} {run_id}: publish ran {effects['publish']}, "
+                              f"after ran {effects['after']} times")
+    _verdict(tally)
+
+
+def _damage_a_line(journal: Path, rng: random.Random) -> None:
+    """Replace one line in the middle of a live journal with garbage."""
+    lines = journal.read_bytes().splitlines(keepends=True)
+    if len(lines) < 3:
+        journal.write_bytes(journal.read_bytes() + b"this is not a journal line\n")
+        return
+    lines[rng.randint(1, len(lines) - 2)] = b"this is not a journal line\n"
+    journal.write_bytes(b"".join(lines))
+
+
+def test_a_damaged_journal_line_beside_healthy_runs(tmp_path: Path, tally: Tally) -> None:
+    rng = random.Random(tally.seed)
+    trial = 0
+    while tally.kills < _share("damaged"):
+        trial += 1
+        p = Project(tmp_path / f"t{trial}", tally, DELAY="0.05", LEDGERFLOW_FOLD_INTERVAL="3600")
+        healthy = p.cli("run", f"{p.flow}:progs", "-p", "n=3", "-p", "delay=0", "--json")
+        healthy_id = json.loads(healthy.stdout)["run_id"]
+        proc = p.start("run", f"{p.flow}:fan", "-p", "n=30", *_executor(rng))
+        wanted = 3 + rng.randint(1, 25)
+        wait_for(lambda p=p, wanted=wanted: sum(p.effects().values()) >= wanted, 60)
+        p.kill(proc)
+        live = journals(p.ledger)
+        if not live:
+            continue
+        _damage_a_line(live[0], rng)
+        run_id = live[0].name.split(".")[0]
+        after = p.finish(run_id, resume=("--executor", "inline"), repeats=False)
+        if after is not None and after["state"] != "succeeded":
+            tally.bricked.append(f"t{trial} {run_id}: resume left it {after['state']}")
+        view = p.status(healthy_id)
+        if view is not None:
+            if view["state"] != "succeeded" or len(view["tasks"]) != 4:
+                tally.lost.append(f"t{trial}: the healthy run {healthy_id} became "
+                                  f"{view['state']} with {len(view['tasks'])} tasks")
+            p.check_sql(healthy_id, view)
+    _verdict(tally)
+
+
+def test_two_concurrent_resumes_of_a_dead_run_one_wins(tmp_path: Path, tally: Tally) -> None:
+    rng = random.Random(tally.seed)
+    trial = 0
+    while tally.kills < _share("concurrent"):
+        trial += 1
+        p = Project(tmp_path / f"t{trial}", tally, DELAY="0.05", **_fold_env(rng))
+        proc = p.start("run", f"{p.flow}:fan", "-p", "n=40", "--executor", "inline")
+        _kill_somewhere(p, proc, rng, 40, where="mid")
+        (run_id,) = p.run_ids()
+        first = p.status(run_id)
+        if first is None or first["state"] == "succeeded":     # it ended before the kill
+            continue
+        before, ran_before = {t["key"]: t["attempts"] for t in first["tasks"]
+                              if t["state"] == "succeeded"}, p.effects()
+        both = [p.start("resume", run_id, "--executor", "inline") for _ in range(2)]
+        codes = sorted(r.wait(timeout=180) for r in both)
+        texts = [p.output(r) for r in both]
+        if codes != [0, 2]:
+            tally.bricked.append(f"t{trial} {run_id}: two resumes ended {codes}: "
+                                 + " | ".join(t.strip()[-200:] for t in texts))
+        elif not any("Error:" in t for t in texts):
+            tally.bricked.append(f"t{trial} {run_id}: the refused resume said nothing")
+        after = p.status(run_id)
+        if after is None:
+            continue
+        if after["state"] != "succeeded":
+            tally.bricked.append(f"t{trial} {run_id}: after two resumes it is {after['state']}")
+            continue
+        p.check_kept(run_id, before, ran_before, after)
+        p.check_sql(run_id, after)
+        p.check_repeats(run_id)
+    _verdict(tally)
