@@ -232,3 +232,36 @@ def test_a_program_task_gets_the_carrier_as_environment_variables(tmp_path: Path
         run = prog.run(store=str(tmp_path / "l.duckdb"), executor="threads")
     out = run.result()["stdout"].strip()
     assert out == f"00-{1:032x}-{1:016x}-01 show"
+
+
+def test_observers_hear_every_change_and_a_failing_one_never_breaks_the_run(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """One Observers object: hooks and the progress display, each call guarded once."""
+    heard: list[tuple[str, str, str]] = []
+    begun: list[dict[str, int]] = []
+
+    class Display:                         # a progress display with begin()
+        def begin(self, counts: dict[str, int]) -> None:
+            begun.append(dict(counts))
+
+        def __call__(self, key: str, old: str, new: str) -> None:
+            heard.append((key, old, new))
+            raise RuntimeError("the display broke")
+
+    class Loud:
+        @hookimpl
+        def ledgerflow_attempt_finished(self, task_key: str, outcome: str) -> None:
+            raise ValueError(f"observer of {task_key} broke")
+
+    path = str(tmp_path / "l.duckdb")
+    with registered(Loud()):
+        run = failing.run(store=path, executor="inline", progress=Display())
+    assert run.state == "failed"                            # as without observers
+    assert ("boom", "", "pending") in heard and heard[-1] == ("boom", "running", "failed")
+    assert "progress display failed" in caplog.text
+    assert "ledgerflow_attempt_finished hook failed" in caplog.text
+    assert begun == []                                      # a new run starts at zero
+    again = ledgerflow.resume(run.run_id, store=path, executor="inline", pipeline=failing,
+                              progress=Display())
+    assert again.state == "failed"
+    assert begun == [{"failed": 1}]                         # a resume starts from its counts
