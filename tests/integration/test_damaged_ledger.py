@@ -229,3 +229,44 @@ def test_someone_elses_file_is_never_repaired_away(project, make) -> None:
     assert repaired.returncode == 2 and "nothing to rebuild" in repaired.stderr
     assert _digest(ledger) == before
     assert not list(Path(ledger).parent.glob("ledger.duckdb.broken-*"))
+
+
+# -- issue 34: what a kill leaves is completed, not refused ---------------------------------
+
+def _cut_header(path: str) -> None:
+    """What a kill while DuckDB wrote a new file's headers leaves: part of them."""
+    fresh = path + ".fresh"
+    duckdb.connect(fresh).close()
+    Path(path).write_bytes(Path(fresh).read_bytes()[:4096])
+    os.unlink(fresh)
+
+
+@pytest.mark.parametrize("cut", [lambda p: Path(p).write_bytes(b""), _cut_header],
+                         ids=["zero-byte", "part-of-the-header"])
+def test_a_ledger_file_cut_at_its_creation_is_a_new_ledger_to_complete(project, cut) -> None:
+    flow, ledger, env = project
+    proc = subprocess.Popen([sys.executable, "-m", "ledgerflow", "run", str(flow), "--store",
+                             ledger, "--executor", "inline", "-p", "n=3"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**env, "DELAY": "30", "LEDGERFLOW_FOLD_INTERVAL": "3600"})
+    assert proc.stdout is not None
+    run_id = proc.stdout.readline().split()[1]
+    side = Path(env["SIDE"])
+    wait_until(lambda: side.exists() and "effect" in side.read_text(), what="the first effect")
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    cut(ledger)
+    status = _cli("status", run_id, "--store", ledger, "--json", env=env)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["state"] == "running"
+    runs = _cli("runs", "--store", ledger, "--json", env=env)
+    assert runs.returncode == 0 and [r["run_id"] for r in json.loads(runs.stdout)] == [run_id]
+    assert "damaged" not in _cli("doctor", "--store", ledger, env=env).stdout
+    res = _cli("resume", run_id, "--store", ledger, "--executor", "inline", env=env)
+    assert res.returncode == 0, res.stderr
+    con = duckdb.connect(ledger, read_only=True)      # the tables hold the run now
+    try:
+        assert con.execute("SELECT state FROM runs WHERE run_id = ?",
+                           [run_id]).fetchall() == [("succeeded",)]
+    finally:
+        con.close()

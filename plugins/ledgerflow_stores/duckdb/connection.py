@@ -15,6 +15,7 @@ instance (its extensions, its catalog) costs ~20 ms and an attach ~1 ms.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import os
 import threading
@@ -35,6 +36,9 @@ _PROCESS_LOCKS: dict[str, threading.RLock] = {}
 _PL_GUARD = threading.Lock()
 _INSTANCE: tuple[int, Any] | None = None      # (pid, in-memory DuckDB)
 _ALIASES = itertools.count(1)
+#: The bytes of DuckDB's file headers (one main, two database headers): a new, empty
+#: database file is exactly this long; a shorter one was cut while it was created.
+HEADERS = 3 * 4096
 
 
 def instance() -> Any:
@@ -45,6 +49,12 @@ def instance() -> Any:
         if _INSTANCE is None or _INSTANCE[0] != os.getpid():
             _INSTANCE = (os.getpid(), duckdb.connect(":memory:"))
         return _INSTANCE[1]
+
+
+def cut_at_creation(head: bytes) -> bool:
+    """True if ``head`` (a file's first :data:`HEADERS` bytes) is all there is of a DuckDB
+    file cut while it was created: nothing, or part of its headers (``DUCK`` at byte 8)."""
+    return len(head) < HEADERS and (not head or head[8:12] == b"DUCK")
 
 
 def sql_string(text: str) -> str:
@@ -169,7 +179,36 @@ class Ledger:
                     con.close()
 
     def exists(self) -> bool:
-        return os.path.exists(self.location)
+        """True if the file holds a database. A file cut while DuckDB created it (zero
+        bytes, or part of DuckDB's headers: a kill at that moment) holds nothing and is
+        a new ledger to complete, not damage; any other short file is someone else's."""
+        try:
+            if os.path.getsize(self.location) >= HEADERS:
+                return True
+            with open(self.location, "rb") as fh:
+                return not cut_at_creation(fh.read(HEADERS))
+        except OSError:
+            return False
+
+    def _complete_new(self) -> None:
+        """Remove a file that :meth:`exists` does not count, so the write creates the
+        ledger afresh; a file another process is creating (it holds the file's lock)
+        is waited for like any lock."""
+        try:
+            fd = os.open(self.location, os.O_RDWR)
+        except FileNotFoundError:
+            return
+        try:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                raise duckdb.IOException(
+                    f"Could not set lock on file {self.location!r}: it is being created"
+                ) from None
+            if cut_at_creation(os.pread(fd, HEADERS, 0)):
+                os.unlink(self.location)
+        finally:
+            os.close(fd)     # (and with it the lock)
 
     @contextlib.contextmanager
     def connect(self, write: bool, timeout: float | None = None) -> Iterator[Any]:
@@ -205,7 +244,9 @@ class Ledger:
         try:
             if write:
                 Path(self.location).parent.mkdir(parents=True, exist_ok=True)
-                if self.version is None and self.exists():
+                if not self.exists():
+                    self._complete_new()
+                elif self.version is None:
                     # a damaged or foreign file must be refused before a write opens it
                     ro = Attached(self.location, read_only=True)
                     try:
