@@ -21,16 +21,17 @@ def env() -> dict[str, str]:
     return out
 
 
-def run(argv: list[str], cwd: Path, *, timeout: float = 900, **subs: str
-        ) -> subprocess.CompletedProcess[str]:
+def run(argv: list[str], cwd: Path, *, timeout: float = 900, extra: dict[str, str] | None = None,
+        **subs: str) -> subprocess.CompletedProcess[str]:
     """Run one README command: ``pipeline`` is the installed script, ``recipes/...`` the repo's
-    recipes, and each ``NAME=value`` of ``subs`` replaces NAME in the words (RUN_ID, DIGEST)."""
+    recipes, and each ``NAME=value`` of ``subs`` replaces NAME in the words (RUN_ID, DIGEST);
+    ``extra`` adds environment variables."""
     words = [PIPELINE_EXE if w == "pipeline" else w for w in argv]
     words = [str(ROOT / w) if w.startswith("recipes/") else w for w in words]
     for name, value in subs.items():
         words = [w.replace(name, value) for w in words]
-    return subprocess.run(words, cwd=cwd, env=env(), capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(words, cwd=cwd, env={**env(), **(extra or {})}, capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def run_id(out: str) -> str:
