@@ -161,6 +161,7 @@ class Session:
     durable: bool
     seq: int = 0
     diverged: bool = False
+    told_scripted: bool = False
     local_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     @classmethod
@@ -360,6 +361,11 @@ class Session:
                 "response_hash": resp.response_digest,
                 "content": self._content(gov, request, resp, None)}
         self.ctx.record_model_call(**call)
+        if resp.scripted and not self.told_scripted:
+            self.told_scripted = True
+            self.ctx.notice("scripted_model",
+                            f"{model.provider}/{model.model} is a scripted mock: its answers "
+                            "are canned, not generated from the request")
         slim = {k: v for k, v in resp.to_dict().items() if k not in ("request", "response",
                                                                       "raw")}
         self._record_step(name, {"kind": "model", "request": rdigest, "response": slim,

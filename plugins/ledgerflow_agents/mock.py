@@ -18,6 +18,11 @@ the caller's dispatch must refuse it. A turn's ``delay`` (seconds) applies to
 any turn; a turn without ``usage`` bills the request's estimate as input and
 a quarter of its output's characters as output.
 
+A mock says it is one: every answer's ``response`` holds ``"scripted": true``
+(:attr:`ModelResponse.scripted`), and a governed call records a
+``scripted_model`` notice once per attempt, so a canned answer is never taken
+for a model's.
+
 Every request is logged before it is answered (:attr:`MockModel.requests`), so
 a test can assert that no recorded step was asked twice. By default the log
 and the position in the script live in memory (a pickled mock carries a
@@ -300,7 +305,8 @@ class MockModel:
                                     usage=usage, raw=raw.encode())
         finish = str(turn.get("finish_reason") or ("tool_calls" if calls else "stop"))
         response = {"text": text, "tool_calls": [dict(c) for c in calls],
-                    "usage": usage.to_dict(), "finish_reason": finish, "turn": index}
+                    "usage": usage.to_dict(), "finish_reason": finish, "turn": index,
+                    "scripted": True}       # a canned answer, and it says so
         return ModelResponse(text=text, tool_calls=tuple(calls), usage=usage,
                              finish_reason=finish, provider=self.provider, model=self.model,
                              request={"provider": self.provider, "model": self.model,

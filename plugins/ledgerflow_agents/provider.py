@@ -320,6 +320,11 @@ class ModelResponse:
     latency_s: float = 0.0
 
     @property
+    def scripted(self) -> bool:
+        """True for a canned answer (the ``mock`` provider's): no model wrote it."""
+        return bool(self.response.get("scripted"))
+
+    @property
     def request_digest(self) -> str:
         """Digest of the provider's wire request."""
         return digest(self.request)

@@ -17,21 +17,27 @@ calls; every model and tool call is in the ledger (``pipeline usage RUN_ID``,
 ``pipeline lineage RUN_ID``), and a resume replays them instead of asking
 again.
 
-``model=mock`` (the default) plays the bundled script (``mock_script.json``,
-or ``-p script=PATH``); ``model=local`` runs SmolLM2-135M-Instruct offline on
-the CPU (the ``local-model`` extra); any other provider name works too, e.g.
-``-p model=openai:gpt-4o-mini`` with ``OPENAI_API_KEY`` set.
+``model=local`` runs SmolLM2-135M-Instruct offline on the CPU (the
+``local-model`` extra); any other provider name works too, e.g.
+``-p model=openai:gpt-4o-mini`` with ``OPENAI_API_KEY`` set. ``model=mock``
+plays the bundled script (``mock_script.json``, or ``-p script=PATH``): a
+canned answer to the demo question, whatever the index holds. Without
+``-p model=``, the demo question plays that script and says so loudly on
+stderr; any other question is refused (exit 2) rather than answered with the
+canned text.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 from doc_qa_tools import read_document, save_answer, search_index
 
 from ledgerflow import pipeline
+from ledgerflow.errors import ConfigError
 from ledgerflow_agents import Budget, MockModel, agent_task, get_model
 
 HERE = Path(__file__).resolve().parent
@@ -88,12 +94,40 @@ def answerer(model: str = "mock", save: bool = True, script: str | None = None,
     return _made[key]
 
 
+#: The question the bundled mock script answers (with a canned text).
+DEMO_QUESTION = "What does the Apache License 2.0 say about patents?"
+
+CANNED = ("doc_qa: model=mock is a scripted mock: the answer is CANNED ({script}), not read "
+          "from your index or written by a model. For a real answer: -p model=local "
+          "(offline, the local-model extra) or -p model=openai:gpt-4o-mini")
+
+
+def choose_model(question: str, model: str | None, script: str | None) -> str:
+    """The model to use: refuse a real question without one, and say when it is the mock.
+
+    Raises:
+        ConfigError: a question other than the demo one and no ``model``.
+    """
+    if model is None:
+        if question != DEMO_QUESTION and script is None:
+            raise ConfigError(
+                "doc_qa needs a model for this question: without -p model= it would play "
+                "the scripted mock, which answers every question with the same canned text",
+                hint="pass -p model=local (offline SmolLM2, the local-model extra), "
+                     "-p model=openai:gpt-4o-mini, or -p model=mock for the canned demo")
+        model = "mock"
+    if model == "mock":
+        print(CANNED.format(script=os.path.basename(script or MOCK_SCRIPT)), file=sys.stderr,
+              flush=True)
+    return model
+
+
 @pipeline
-def doc_qa(question: str = "What does the Apache License 2.0 say about patents?",
+def doc_qa(question: str = DEMO_QUESTION,
            index: str = "index.duckdb", corpus: str = CORPUS, answers: str = "answers",
-           model: str = "mock", save: bool = True, script: str | None = None,
+           model: str | None = None, save: bool = True, script: str | None = None,
            record_content: bool = False):
     """Answer ``question`` from the index, citing passages (see the module docstring)."""
-    agent = answerer(model, save, script, record_content)
+    agent = answerer(choose_model(question, model, script), save, script, record_content)
     return agent(question, os.path.abspath(index), os.path.abspath(corpus),
                  os.path.abspath(answers))

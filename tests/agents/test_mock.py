@@ -218,3 +218,13 @@ def test_step_cursor_answers_by_the_number_of_assistant_messages() -> None:
     assert fresh.complete(ASK).tool_calls[0]["name"] == "search_index"
     with pytest.raises(ConfigError, match="'step'"):
         MockModel(turns=script, cursor="sideways")
+
+
+def test_a_mock_answer_says_it_is_scripted() -> None:
+    """Issue 30 #2: a canned answer is marked, never taken for a model's."""
+    from ledgerflow_agents import ModelRequest
+
+    resp = MockModel(turns=[{"text": "hello"}]).complete(
+        ModelRequest([{"role": "user", "content": "hi"}]))
+    assert resp.scripted and resp.response["scripted"] is True
+    assert type(resp).from_dict(resp.to_dict()).scripted

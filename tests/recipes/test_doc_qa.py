@@ -78,6 +78,28 @@ def test_the_answer_cites_a_real_chunk_and_is_saved_once_after_approval(
     assert status["state"] == "succeeded"
 
 
+def test_a_question_without_a_model_is_refused_not_answered_with_the_canned_text(
+        tmp_path: Path, corpus_index: Path) -> None:
+    """Issue 30 #2: asked about coffee, the default mock would save the Apache answer."""
+    res, run_id = _run(tmp_path, corpus_index, "-p", "question=What about coffee?")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert run_id == "" and "Traceback" not in res.stderr
+    assert "needs a model" in res.stderr and "-p model=local" in res.stderr
+    assert not (tmp_path / "answers").exists()
+
+
+def test_the_mock_says_loudly_that_its_answer_is_canned(tmp_path: Path,
+                                                        corpus_index: Path) -> None:
+    for params in ([], ["-p", "model=mock", "-p", "question=What about coffee?"]):
+        res, run_id = _run(tmp_path / str(len(params)), corpus_index, *params)
+        assert res.returncode == 3, res.stdout + res.stderr
+        assert "CANNED" in res.stderr and "-p model=local" in res.stderr
+        ledger = tmp_path / str(len(params)) / "ledger.duckdb"
+        import ledgerflow
+        notices = ledgerflow.get_run(run_id, store=str(ledger)).notices()
+        assert [n["kind"] for n in notices].count("scripted_model") == 1
+
+
 @pytest.mark.parametrize("turn, params, kind", [
     # save=false: save_answer is not among the agent's tools
     ({"name": "save_answer", "arguments": {"path": "a.md", "text": "x"}}, ["-p", "save=false"],
