@@ -18,8 +18,14 @@ def section(heading: str) -> str:
         raise LookupError(f"README.md has no section {heading!r}")
     level = len(start.group(1))
     rest = text[start.end():]
-    end = re.search(rf"^#{{1,{level}}} ", rest, re.M)
-    return rest[: end.start()] if end else rest
+    fenced, at = False, 0
+    for line in rest.splitlines(keepends=True):     # a "# comment" in a code block is no heading
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and re.match(rf"#{{1,{level}}} ", line):
+            return rest[:at]
+        at += len(line)
+    return rest
 
 
 def blocks(heading: str, lang: str | None = None) -> list[str]:
