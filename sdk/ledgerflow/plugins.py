@@ -73,6 +73,7 @@ DEFERRED: dict[str, Deferred] = {
     "ledgerflow_observability.prometheus": Deferred(env=("LEDGERFLOW_PROMETHEUS",)),
     "ledgerflow_drafts": Deferred(commands=True),
     "ledgerflow_postgres": Deferred(names={"store": ("postgres",)}, commands=True),
+    "ledgerflow_watch": Deferred(commands=True),
 }
 
 _hookimpl = pluggy.HookimplMarker("ledgerflow")
