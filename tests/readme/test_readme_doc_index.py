@@ -15,7 +15,7 @@ import ledgerflow
 from . import cli
 from .readme import blocks, commands
 
-pytestmark = [pytest.mark.subprocess, pytest.mark.minilm]
+pytestmark = [pytest.mark.subprocess, pytest.mark.minilm, pytest.mark.timeout(900)]
 
 #: a few documents of the bundled corpus, under a folder of their own (doc ids licenses/...)
 DOCS = ["licenses/apache-2.0.txt", "licenses/bsd-regents-ucb.txt", "licenses/cc0-1.0.txt"]
@@ -92,6 +92,7 @@ def _local_available() -> bool:
 
 @pytest.mark.slow
 @pytest.mark.local_model
+@pytest.mark.timeout(1800)          # the minilm index, then SmolLM2 on a loaded 2-core machine
 @pytest.mark.skipif(not _local_available(), reason="local model not installed; run ./dev setup")
 def test_doc_qa_with_the_local_model_cites_a_chunk_of_the_minilm_index(folder: Path) -> None:
     (ask, _), _ = _qa_block()
@@ -99,7 +100,7 @@ def test_doc_qa_with_the_local_model_cites_a_chunk_of_the_minilm_index(folder: P
         if ask[i].startswith("model=") and ask[i - 1] == "-p":
             del ask[i - 1:i + 1]
     ask += ["-p", "model=local", "-p", "save=false", "-p", "record_content=true"]
-    asked = cli.run(ask, folder, timeout=900)
+    asked = cli.run(ask, folder, timeout=1500)
     assert asked.returncode == 0, asked.stdout + asked.stderr
     run_id = cli.run_id(asked.stdout.splitlines()[0])
 

@@ -77,6 +77,7 @@ def _local_available() -> bool:
 
 @pytest.mark.slow
 @pytest.mark.local_model
+@pytest.mark.timeout(1200)
 @pytest.mark.skipif(not _local_available(), reason="local model not installed; run ./dev setup")
 def test_the_draft_line_as_written_on_the_local_model(tmp_path: Path) -> None:
     """The local model's draft always fits the schema (README: 7 of 10 validate): it is written
@@ -84,7 +85,7 @@ def test_the_draft_line_as_written_on_the_local_model(tmp_path: Path) -> None:
     here = _folder(tmp_path)
     draft, validate, _, _ = _lines()
     assert draft[draft.index("--model") + 1] == "local"
-    made = cli.run(draft, here, timeout=900)
+    made = cli.run(draft, here, timeout=1100)
     assert made.returncode in (0, 2), made.stdout + made.stderr
     assert "Traceback" not in made.stderr
     assert (here / "draft.toml").read_text().startswith("# ledgerflow draft: machine-written")
