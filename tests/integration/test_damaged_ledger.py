@@ -199,6 +199,8 @@ def test_a_damaged_journal_is_used_up_to_the_damage(project, damage) -> None:
     assert runs.returncode == 0 and len(json.loads(runs.stdout)) == 2
     doctor = _cli("doctor", "--store", ledger, env=env)
     assert doctor.returncode == 2 and f"{journal.name} is damaged at byte" in doctor.stdout
+    assert f"fix: pipeline resume {run_id} re-runs it" in doctor.stdout     # its real id
+    assert "RUN_ID" not in doctor.stdout
     res = _cli("resume", run_id, "--store", ledger, "--executor", "inline", env=env)
     assert res.returncode == 0, res.stderr
     view = json.loads(_cli("status", run_id, "--store", ledger, "--json", env=env).stdout)
@@ -270,3 +272,21 @@ def test_a_ledger_file_cut_at_its_creation_is_a_new_ledger_to_complete(project, 
                            [run_id]).fetchall() == [("succeeded",)]
     finally:
         con.close()
+
+
+def test_a_schema_version_older_than_the_tables_is_damage_doctor_and_repair_handle(
+        project) -> None:
+    flow, ledger, env = project
+    run_id = _run(flow, ledger, env, "n=2")
+    con = duckdb.connect(ledger)
+    con.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    con.close()
+    _refused(_cli("runs", "--store", ledger, env=env), "older than its tables")
+    doctor = _cli("doctor", "--store", ledger, env=env)
+    assert doctor.returncode == 2 and "older than its tables" in doctor.stdout, doctor.stderr
+    assert "fix: pipeline repair" in doctor.stdout
+    repaired = _cli("repair", "--store", ledger, env=env)
+    assert repaired.returncode == 0, repaired.stderr
+    status = json.loads(_cli("status", run_id, "--store", ledger, "--json", env=env).stdout)
+    assert status["state"] == "succeeded" and len(status["tasks"]) == 4
+    assert _cli("doctor", "--store", ledger, env=env).returncode == 0

@@ -80,7 +80,7 @@ class Attached:
             cursor.close()
             raise
         self.alias = alias
-        self.cursor = cursor
+        self.cursor: Any = cursor
 
     def execute(self, query: str, parameters: Any = None) -> Any:
         return self.cursor.execute(query, parameters)
@@ -89,7 +89,11 @@ class Attached:
         return getattr(self.cursor, name)
 
     def close(self) -> None:
+        """Detach the file (once: closing again does nothing)."""
         cursor = self.cursor
+        if cursor is None:
+            return
+        self.cursor = None
         try:
             cursor.execute("USE memory")
             cursor.execute(f"DETACH {self.alias}")
@@ -272,8 +276,7 @@ class Ledger:
             raise StoreError(f"cannot open ledger {self.location}: {msg}",
                              hint="check the path and its permissions") from None
         try:
-            self.version = schema.migrate(con, self.location) if write \
-                else schema.check(con, self.location)
+            self.version = self._migrate(con) if write else schema.check(con, self.location)
             if not write and 0 < self.version < schema.SCHEMA_VERSION:
                 # written by an older ledgerflow: readers query the newer tables, so
                 # the file is brought up to date once (a write), then read
@@ -290,6 +293,20 @@ class Ledger:
             con.close()
             raise
         return con
+
+    def _migrate(self, con: Any) -> int:
+        """:func:`.schema.migrate`; a migration the tables refuse (a schema version
+        older than the tables, e.g. set back by hand or by an old copy of ``meta``) is
+        damage that ``pipeline repair`` rebuilds, not an internal error."""
+        try:
+            return schema.migrate(con, self.location)
+        except duckdb.Error as exc:
+            if is_lock_error(exc) or is_damage(exc):
+                raise
+            first = str(exc).strip().splitlines()[0][:200]
+            raise DamagedLedgerError(
+                f"ledger {self.location} is damaged: its schema version is older than its "
+                f"tables (the migration failed: {first})") from None
 
     def transaction(self, con: Any) -> contextlib.AbstractContextManager[None]:
         """``BEGIN``/``COMMIT`` around a block, ``ROLLBACK`` if it raises."""

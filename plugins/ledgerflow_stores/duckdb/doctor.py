@@ -95,7 +95,7 @@ def examine(store: DuckDBStore) -> list[Finding]:
             continue
         for d in damage:
             out.append(Finding(True, f"run {rid}: {d.describe()}; what it held after that "
-                               "point is not applied", "pipeline resume RUN_ID re-runs it "
+                               "point is not applied", f"pipeline resume {rid} re-runs it "
                                "(at-least-once); pipeline repair keeps the good part"))
         if jview is None:
             out.append(Finding(True, f"run {rid}: its journal holds no readable run", repair))
