@@ -28,6 +28,11 @@ and tool calls share it) and makes it a step of the task
 * **Observability.** Real calls are reported through
   :mod:`ledgerflow_observability.genai` (``gen_ai.*`` spans when tracing is on).
 
+Where the parts live: this module has the :class:`Session` (sequence numbers,
+replay, model calls) and :func:`model_call`; :mod:`ledgerflow_agents.governance`
+what a call is made under (budgets, key, limits, model resolution);
+:mod:`ledgerflow_agents.toolcall` the dispatch of one tool call.
+
 Calls of one task should be made one after another: concurrent calls get
 sequence numbers in the order they start, which a re-run may not repeat (its
 replay then stops at the first difference, which is safe but bills again).
@@ -35,18 +40,16 @@ replay then stops at the first difference, which is safe but bills again).
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ledgerflow.context import RunContext, context
-from ledgerflow.errors import ConfigError
 
+from . import toolcall
 from ._canonical import digest
 from .budget import Amount, Budget, BudgetLedger, Owner, Scope, ledger_for
 from .errors import (
@@ -54,103 +57,28 @@ from .errors import (
     GovernanceError,
     MalformedResponse,
     ModelTimeout,
-    PathNotAllowed,
     ProviderError,
     RateLimited,
-    ToolNotAllowed,
 )
-from .guard import Guard, guarded
+from .governance import (
+    Governance,
+    check_key,
+    checked,
+    cost_of,
+    observe,
+    resolve_model,
+    result_text,
+    scrubbed,
+)
 from .limits import KeyLimiter, KeyLimits, limiter_for
-from .provider import ChatModel, ModelRequest, ModelResponse, Usage
+from .provider import ChatModel, ModelRequest, ModelResponse
 from .redact import redact
-from .tools import InvalidArguments, Tool, as_tool
+from .tools import Tool, as_tool
 
-__all__ = ["Governance", "Session", "model_call", "resolve_model"]
+__all__ = ["Governance", "Session", "check_key", "model_call", "resolve_model", "result_text"]
 
 _EXT = "ledgerflow_agents"
 STEP_PREFIX = "agents:"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Governance:
-    """The budgets, key and limits a call is made under.
-
-    Args:
-        budget: the task's budget (over all its attempts).
-        run_budget: the run's, shared by every task of the run that declares it.
-        key: the key alias (environment variable name) the call bills.
-        key_budget: the key's, shared by every run of the ledger on this machine.
-        limits: the key's rate and concurrency limits.
-        record_content: keep prompt and response text in the ledger.
-        timeout: seconds per model call (None: the provider's default).
-        retries: extra tries of a call after a timeout, a malformed answer
-            or a retryable provider error, within the attempt.
-        rate_limit_tries: tries of a call that gets 429s.
-        max_retry_after: the longest Retry-After waited for; a longer one
-            fails the attempt (retryably) instead.
-    """
-
-    budget: Budget | None = None
-    run_budget: Budget | None = None
-    key: str | None = None
-    key_budget: Budget | None = None
-    limits: KeyLimits | None = None
-    record_content: bool = False
-    timeout: float | None = None
-    retries: int = 2
-    rate_limit_tries: int = 5
-    max_retry_after: float = 120.0
-
-
-def _genai() -> Any:
-    try:
-        from ledgerflow_observability import genai
-    except ImportError:         # the observability plugin is not installed
-        return None
-    return genai
-
-
-@contextlib.contextmanager
-def _observe(kind: str, *args: Any, **kwargs: Any) -> Iterator[Any]:
-    genai = _genai()
-    if genai is None:
-        yield None
-        return
-    with getattr(genai, kind)(*args, **kwargs) as call:
-        yield call
-
-
-def _cost(model: ChatModel, usage: Usage) -> float:
-    return model.pricing.cost(usage.input_tokens, usage.output_tokens) if model.pricing else 0.0
-
-
-def _checked(resp: ModelResponse) -> ModelResponse:
-    """``resp`` once its usage is known to be whole non-negative counts.
-
-    Any provider, ours or a plugin's, may answer with a usage object of its
-    own: the counts are checked again here, so a negative or absurd one is a
-    :class:`MalformedResponse` (billed at the reservation), never a credit.
-    """
-    usage = resp.usage
-    Usage(getattr(usage, "input_tokens", None), getattr(usage, "output_tokens", None))
-    return resp
-
-
-def _scrubbed(exc: ProviderError, gov: Governance) -> ProviderError:
-    """``exc`` with known key values out of its message and hint (it becomes the attempt's
-    error in the ledger)."""
-    exc.args = tuple(redact(a, [gov.key]) if isinstance(a, str) else a for a in exc.args)
-    exc.hint = redact(exc.hint, [gov.key]) if exc.hint else exc.hint
-    return exc
-
-
-def result_text(value: object, limit: int | None = None) -> str:
-    """A tool's result as the text the model reads (JSON unless it is a string)."""
-    text = value if isinstance(value, str) else json.dumps(value, default=str,
-                                                           ensure_ascii=False)
-    if limit is not None and len(text) > limit:
-        text = text[:limit] + f"… [{len(text) - limit} more characters cut]"
-    return text
 
 
 @dataclass(slots=True)
@@ -259,7 +187,7 @@ class Session:
                 wait = error.retry_after if error.retry_after is not None else \
                     min(2.0 ** rate_tries, 30.0)
                 if rate_tries >= gov.rate_limit_tries or wait > gov.max_retry_after:
-                    raise _scrubbed(error, gov)
+                    raise scrubbed(error, gov)
                 self.ctx.notice("rate_limited", f"{model.provider}/{model.model} answered 429"
                                 f" (call {seq}); every caller of key {gov.key or '-'} "
                                 f"waits {wait:g}s (Retry-After) before trying again")
@@ -271,7 +199,7 @@ class Session:
                 continue
             if error.retryable and tries <= gov.retries:
                 continue
-            raise _scrubbed(error, gov)
+            raise scrubbed(error, gov)
 
     def _try_model(self, model: ChatModel, request: ModelRequest, gov: Governance, seq: int,
                    name: str, tries: int, rdigest: str, scopes: list[Scope],
@@ -314,19 +242,19 @@ class Session:
         try:
             started = time.monotonic()
             try:
-                with _observe("model_call", model.provider, model.model,
+                with observe("model_call", model.provider, model.model,
                               max_tokens=request.max_output_tokens,
                               temperature=request.temperature) as span:
-                    resp = _checked(model.complete(request, timeout=gov.timeout))
+                    resp = checked(model.complete(request, timeout=gov.timeout))
                     if span is not None:
                         span.usage(resp.usage.input_tokens, resp.usage.output_tokens,
-                                   cost_usd=_cost(model, resp.usage),
+                                   cost_usd=cost_of(model, resp.usage),
                                    finish_reason=resp.finish_reason,
                                    response_model=resp.model)
             except ProviderError as exc:
                 usage = exc.usage
                 if usage is not None:
-                    actual = Amount(usage.total_tokens, _cost(model, usage), 1, 0)
+                    actual = Amount(usage.total_tokens, cost_of(model, usage), 1, 0)
                 elif isinstance(exc, RateLimited):
                     actual = Amount(0, 0.0, 1, 0)       # refused, not billed
                 else:
@@ -352,7 +280,7 @@ class Session:
                 settle(reserved)       # stopped mid-call (cancelled ...): count the worst
             raise
         latency = time.monotonic() - started
-        cost = _cost(model, resp.usage)
+        cost = cost_of(model, resp.usage)
         actual = Amount(resp.usage.total_tokens, cost, 1, 0)
         call = {**base, "input_tokens": resp.usage.input_tokens,
                 "output_tokens": resp.usage.output_tokens, "cost": cost, "latency": latency,
@@ -404,126 +332,13 @@ class Session:
     def call_tool(self, tools: Mapping[str, Tool], call: Mapping[str, Any],
                   bound: Mapping[str, Any], approve: Sequence[str], gov: Governance,
                   max_chars: int | None = None) -> str:
-        """Dispatch one tool call of the model: checked, approved, budgeted, guarded.
+        """Dispatch one tool call of the model (:func:`ledgerflow_agents.toolcall.call_tool`).
 
         Returns the text the model reads next (a result, or why the call did
         not run when the model can fix it). Raises ToolNotAllowed or
         PathNotAllowed (after a notice) when governance refuses it.
         """
-        seq, name = self._next()
-        tname = str(call.get("name"))
-        args = dict(call.get("arguments") or {})
-        adigest = digest({"tool": tname, "arguments": args})
-        base = {"seq": seq, "tool": tname, "arguments_digest": adigest, "replayed": False}
-        if tname not in tools:
-            self.ctx.record_tool_call(**base, outcome="refused", error="not allowed")
-            raise self._refuse(ToolNotAllowed(
-                f"the model called tool {tname!r}, which is not allowed (allowed: "
-                f"{', '.join(tools) or 'none'})"))
-        recorded = self._recorded(name, "tool", {"tool": tname, "arguments": adigest})
-        if recorded is not None:
-            self.ctx.record_tool_call(**{**recorded["call"], "replayed": True})
-            return str(recorded["text"])
-        t = tools[tname]
-        try:
-            prepared = t.prepare(args, bound)
-        except InvalidArguments as exc:
-            why = redact(str(exc), [gov.key])
-            return self._tool_done(name, base, "invalid", f"error: invalid arguments: {why}",
-                                   why)
-        except PathNotAllowed as exc:
-            self.ctx.record_tool_call(**base, outcome="refused", error=str(exc))
-            raise self._refuse(exc) from None
-        approved_by = ""
-        if tname in approve:
-            decision = self.ctx.approval(f"tool:{tname}", {"tool": tname, "arguments": args},
-                                         note=f"the agent wants to call {tname}")
-            if not decision.approved:
-                return self._tool_done(name, {**base, "approved_by": decision.by}, "rejected",
-                                       f"error: a person rejected this call "
-                                       f"({decision.reason or 'no reason given'})",
-                                       decision.reason)
-            approved_by = decision.by or "?"
-        scopes = self.scopes(gov, key=False)
-        rid = digest([self.task_scope, self.ctx.attempt, seq, "tool", self.local_id])[7:39]
-        ledger = self.ledger()
-        if scopes:
-            try:
-                ledger.reserve(rid, scopes, Amount(tool_calls=1), Owner.me())
-            except BudgetExceeded as exc:
-                self.ctx.record_tool_call(**base, approved_by=approved_by,
-                                          outcome="refused", error=str(exc))
-                raise self._refuse(exc) from None
-        guard = Guard(tname, prepared.reads, prepared.writes, t.network, t.spawn,
-                      code=Guard.code_of(t.fn))
-        outcome, error, value = "ok", "", None
-        try:
-            with _observe("tool_call", tname, call_id=str(call.get("id") or "")), \
-                    guarded(guard):
-                try:
-                    value = t.fn(**prepared.kwargs)
-                except GovernanceError:
-                    pass                    # the guard refused: it is in guard.violations
-                except Exception as exc:    # the model reads the error and may try again
-                    # never a key it quotes: the text is stored and sent to the model
-                    outcome, error = "error", redact(f"{type(exc).__name__}: {exc}",
-                                                     [gov.key])
-        finally:
-            over = ledger.settle(rid, scopes, Amount(tool_calls=1)) if scopes else []
-        if guard.violations:
-            kind, message = guard.violations[0]
-            self.ctx.record_tool_call(**base, approved_by=approved_by, outcome="refused",
-                                      error=message)
-            exc_type = PathNotAllowed if kind == "path_not_allowed" else ToolNotAllowed
-            raise self._refuse(exc_type(message))
-        text = redact(result_text(value, max_chars), [gov.key]) if outcome == "ok" \
-            else f"error: {error}"
-        done = self._tool_done(name, {**base, "approved_by": approved_by}, outcome, text, error)
-        if over:
-            raise self._over(over)
-        return done
-
-    def _tool_done(self, name: str, base: dict[str, Any], outcome: str, text: str,
-                   error: str) -> str:
-        rec = {"approved_by": "", **base, "outcome": outcome, "result_hash": digest(text),
-               "error": error[:2000]}
-        self.ctx.record_tool_call(**rec)
-        self._record_step(name, {"kind": "tool", "tool": base["tool"],
-                                 "arguments": base["arguments_digest"], "text": text,
-                                 "call": rec})
-        return text
-
-
-_models: dict[tuple[str, str], ChatModel] = {}
-
-
-def resolve_model(model: str | ChatModel, key: str | None = None) -> ChatModel:
-    """The model object for ``model`` (a provider name is built once per process)."""
-    if not isinstance(model, str):
-        from . import get_model
-        return get_model(model)
-    found = _models.get((model, key or ""))
-    if found is None:
-        from . import get_model
-        options: dict[str, Any] = {}
-        if key and model.partition(":")[0] == "openai":
-            options["key"] = key
-        found = _models[(model, key or "")] = get_model(model, options)
-    return found
-
-
-def check_key(key: str | None) -> None:
-    """A key alias must name a set environment variable (its value is never read here)."""
-    if key is None:
-        return
-    if not isinstance(key, str) or not key or not key.replace("_", "").isalnum():
-        raise ConfigError(f"key={key!r} is not an environment variable name",
-                          hint='pass the name of the variable holding the key, e.g. '
-                               'key="OPENAI_API_KEY" (never the key itself)')
-    if not os.environ.get(key):
-        raise ConfigError(f"key alias {key!r}: the environment variable {key} is not set",
-                          hint=f"export {key}=... before running (the key is read from it "
-                               "when a call is made and is never stored)")
+        return toolcall.call_tool(self, tools, call, bound, approve, gov, max_chars)
 
 
 def model_call(prompt: str | Sequence[Mapping[str, Any]], *, model: str | ChatModel,

@@ -64,6 +64,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 from .errors import PathNotAllowed, ToolNotAllowed
@@ -232,7 +233,7 @@ def _is_code_dir(path: str) -> bool:
 
 def _runtime_asks(g: Guard) -> bool:
     """True when the nearest asking frame is not the tool's own code (see the module doc)."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         code = frame.f_code.co_filename
         if code == __file__ or os.path.realpath(code) == _HERE or \

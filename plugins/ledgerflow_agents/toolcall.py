@@ -1,0 +1,122 @@
+"""One tool call of the model, dispatched: allowlist, replay, approval, budget, guard, record.
+
+:func:`call_tool` is what :meth:`ledgerflow_agents.calls.Session.call_tool`
+does: a tool not on the allowlist fails the task at once (a notice says
+why); a recorded call of the same tool and arguments is replayed without
+running it; arguments are checked and paths resolved inside the tool's roots
+(bad ones go back to the model as an error it can fix); an ``approve=``
+tool waits for a person; the call is reserved in the task's and run's tool
+budgets; the tool runs under :mod:`ledgerflow_agents.guard`; its result (or
+its exception text, known key values redacted) is what the model reads next,
+and a ``tool_calls`` row and a step record keep it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ._canonical import digest
+from .budget import Amount, Owner
+from .errors import BudgetExceeded, GovernanceError, PathNotAllowed, ToolNotAllowed
+from .governance import Governance, observe, result_text
+from .guard import Guard, guarded
+from .redact import redact
+from .tools import InvalidArguments, Tool
+
+if TYPE_CHECKING:
+    from .calls import Session
+
+__all__ = ["call_tool", "tool_done"]
+
+
+def call_tool(self: Session, tools: Mapping[str, Tool], call: Mapping[str, Any],
+              bound: Mapping[str, Any], approve: Sequence[str], gov: Governance,
+              max_chars: int | None = None) -> str:
+    """Dispatch one tool call of the model in ``self``'s attempt (see the module doc).
+
+    Returns the text the model reads next (a result, or why the call did
+    not run when the model can fix it). Raises ToolNotAllowed or
+    PathNotAllowed (after a notice) when governance refuses it.
+    """
+    seq, name = self._next()
+    tname = str(call.get("name"))
+    args = dict(call.get("arguments") or {})
+    adigest = digest({"tool": tname, "arguments": args})
+    base = {"seq": seq, "tool": tname, "arguments_digest": adigest, "replayed": False}
+    if tname not in tools:
+        self.ctx.record_tool_call(**base, outcome="refused", error="not allowed")
+        raise self._refuse(ToolNotAllowed(
+            f"the model called tool {tname!r}, which is not allowed (allowed: "
+            f"{', '.join(tools) or 'none'})"))
+    recorded = self._recorded(name, "tool", {"tool": tname, "arguments": adigest})
+    if recorded is not None:
+        self.ctx.record_tool_call(**{**recorded["call"], "replayed": True})
+        return str(recorded["text"])
+    t = tools[tname]
+    try:
+        prepared = t.prepare(args, bound)
+    except InvalidArguments as exc:
+        why = redact(str(exc), [gov.key])
+        return tool_done(self, name, base, "invalid", f"error: invalid arguments: {why}", why)
+    except PathNotAllowed as exc:
+        self.ctx.record_tool_call(**base, outcome="refused", error=str(exc))
+        raise self._refuse(exc) from None
+    approved_by = ""
+    if tname in approve:
+        decision = self.ctx.approval(f"tool:{tname}", {"tool": tname, "arguments": args},
+                                     note=f"the agent wants to call {tname}")
+        if not decision.approved:
+            return tool_done(self, name, {**base, "approved_by": decision.by}, "rejected",
+                             f"error: a person rejected this call "
+                             f"({decision.reason or 'no reason given'})", decision.reason)
+        approved_by = decision.by or "?"
+    scopes = self.scopes(gov, key=False)
+    rid = digest([self.task_scope, self.ctx.attempt, seq, "tool", self.local_id])[7:39]
+    ledger = self.ledger()
+    if scopes:
+        try:
+            ledger.reserve(rid, scopes, Amount(tool_calls=1), Owner.me())
+        except BudgetExceeded as exc:
+            self.ctx.record_tool_call(**base, approved_by=approved_by,
+                                      outcome="refused", error=str(exc))
+            raise self._refuse(exc) from None
+    guard = Guard(tname, prepared.reads, prepared.writes, t.network, t.spawn,
+                  code=Guard.code_of(t.fn))
+    outcome, error, value = "ok", "", None
+    try:
+        with observe("tool_call", tname, call_id=str(call.get("id") or "")), \
+                guarded(guard):
+            try:
+                value = t.fn(**prepared.kwargs)
+            except GovernanceError:
+                pass                    # the guard refused: it is in guard.violations
+            except Exception as exc:    # the model reads the error and may try again
+                # never a key it quotes: the text is stored and sent to the model
+                outcome, error = "error", redact(f"{type(exc).__name__}: {exc}",
+                                                 [gov.key])
+    finally:
+        over = ledger.settle(rid, scopes, Amount(tool_calls=1)) if scopes else []
+    if guard.violations:
+        kind, message = guard.violations[0]
+        self.ctx.record_tool_call(**base, approved_by=approved_by, outcome="refused",
+                                  error=message)
+        exc_type = PathNotAllowed if kind == "path_not_allowed" else ToolNotAllowed
+        raise self._refuse(exc_type(message))
+    text = redact(result_text(value, max_chars), [gov.key]) if outcome == "ok" \
+        else f"error: {error}"
+    done = tool_done(self, name, {**base, "approved_by": approved_by}, outcome, text, error)
+    if over:
+        raise self._over(over)
+    return done
+
+def tool_done(self: Session, name: str, base: dict[str, Any], outcome: str, text: str,
+              error: str) -> str:
+    """Record a finished tool call (a ``tool_calls`` row and its replayable step)."""
+    rec = {"approved_by": "", **base, "outcome": outcome, "result_hash": digest(text),
+           "error": error[:2000]}
+    self.ctx.record_tool_call(**rec)
+    self._record_step(name, {"kind": "tool", "tool": base["tool"],
+                             "arguments": base["arguments_digest"], "text": text,
+                             "call": rec})
+    return text
