@@ -290,3 +290,41 @@ def test_a_schema_version_older_than_the_tables_is_damage_doctor_and_repair_hand
     status = json.loads(_cli("status", run_id, "--store", ledger, "--json", env=env).stdout)
     assert status["state"] == "succeeded" and len(status["tasks"]) == 4
     assert _cli("doctor", "--store", ledger, env=env).returncode == 0
+
+
+KILLED_IN_FINAL_FOLD = '''
+import os, sys
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
+from flow import p
+from ledgerflow_stores.duckdb.fold import FoldPolicy
+from ledgerflow_stores.duckdb.store import DuckDBStore
+# a driver whose run finished and that died before its final fold: the journal holds the
+# run's end, the file does not
+st = DuckDBStore(sys.argv[2], policy=FoldPolicy(fold_at_release=False, interval=3600))
+run = p.run(n=2, store=st, executor="inline")
+print(run.run_id, run.state, flush=True)
+os._exit(0)
+'''
+
+
+def test_resume_after_a_kill_in_the_final_fold_folds_the_journal_first(
+        project, tmp_path: Path) -> None:
+    flow, ledger, env = project
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_IN_FINAL_FOLD)
+    out = subprocess.run([sys.executable, str(script), str(flow), ledger], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    run_id, state = out.stdout.split()
+    assert state == "succeeded"
+    assert list((Path(ledger + ".d") / "journals").glob(f"{run_id}.*.jsonl"))   # unfolded
+    res = _cli("resume", run_id, "--store", ledger, "--executor", "inline", env=env)
+    assert "succeeded" in res.stdout + res.stderr
+    # the writing command folded the orphaned journal: the tables hold the finished run
+    assert not list((Path(ledger + ".d") / "journals").glob(f"{run_id}.*.jsonl"))
+    con = duckdb.connect(ledger, read_only=True)
+    try:
+        assert con.execute("SELECT state FROM runs WHERE run_id = ?",
+                           [run_id]).fetchall() == [("succeeded",)]
+    finally:
+        con.close()
