@@ -32,7 +32,7 @@ _RETRY_WAIT, _CANCELLED_T = TaskState.RETRY_WAIT.value, TaskState.CANCELLED.valu
 _WAITING_APPROVAL = TaskState.WAITING_APPROVAL.value
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Move:
     """What the runner does to a task whose attempt ended.
 
@@ -91,11 +91,14 @@ def late_records(key: str, attempt: int, limit: float, c: Completion) -> list[Re
 def reported(key: str, attempt: int, c: Completion) -> list[Record]:
     """What an attempt's report puts in the journal, whatever its outcome: how it ended,
     its output, calls, notices, steps and lineage."""
+    ended = AttemptEnded(key, attempt, c.outcome, c.started_at, c.ended_at, c.error_type,
+                         c.error_message, c.traceback)
+    if not (c.log or c.model_calls or c.tool_calls or c.notices or c.steps or c.lineage):
+        return [ended]          # the common case, kept cheap (one per task of a big run)
     out: list[Record] = []
     if c.log:
         out.append(LogRecorded(key, attempt, "output", c.log, c.log_dropped))
-    out.append(AttemptEnded(key, attempt, c.outcome, c.started_at, c.ended_at, c.error_type,
-                            c.error_message, c.traceback))
+    out.append(ended)
     out += spent(key, attempt, c)
     out += [StepRecorded(key, attempt, name, kind, data, step_hash)
             for name, kind, data, step_hash in c.steps]
@@ -107,6 +110,8 @@ def reported(key: str, attempt: int, c: Completion) -> list[Record]:
 def spent(key: str, attempt: int, c: Completion) -> list[Record]:
     """The model calls, tool calls and notices an attempt reported (kept even when its
     result is rejected: what it spent is real all the same)."""
+    if not (c.model_calls or c.tool_calls or c.notices):
+        return []
     return call_records(key, attempt, c.model_calls, c.tool_calls,
                         [{"kind": k, "message": m, "ts": t} for k, m, t in c.notices])
 

@@ -90,6 +90,7 @@ class Runner:
         self.inbox: deque[Completion] = deque()
         self.wake = threading.Event()
         self.jobs = Jobs()
+        self.running = self.jobs.running        # job id -> task, of attempts in flight
         self.timers = Timers()
         self.cancelling = False
         self.cancel_reason = ""
@@ -206,7 +207,7 @@ class Runner:
         self.window = workers + queue_ahead(self.executor)
         while True:
             self._poll_cancel()
-            while self.ready and not self.cancelling and (len(self.jobs) < workers
+            while self.ready and not self.cancelling and (len(self.running) < workers
                                                           or self._ahead()):
                 inst = self.ready.popleft()
                 if inst.state == _READY:
@@ -215,17 +216,17 @@ class Runner:
                     self._flush()       # bound the group commit (and the journal line)
             self._commit()
             self._drain()
-            if self.ready and not self.cancelling and (len(self.jobs) < workers or self._ahead()):
+            if self.ready and not self.cancelling and (len(self.running) < workers or self._ahead()):
                 continue
-            if self.j.active <= 0 and len(self.jobs) == 0 and not self.ready:
+            if self.j.active <= 0 and len(self.running) == 0 and not self.ready:
                 break
             if self.gates.open and not self.wait_approvals and not self.cancelling \
-                    and len(self.jobs) == 0 and not self.ready and not self.timers.retries_due():
+                    and len(self.running) == 0 and not self.ready and not self.timers.retries_due():
                 self._poll_gates()          # a decision may be there already
                 if not self.ready and self.gates.open:
                     return self._finish_waiting()
                 continue
-            if self.cancelling and len(self.jobs) == 0:
+            if self.cancelling and len(self.running) == 0:
                 break
             if self.cancelling and self.cancel_deadline is not None \
                     and time.monotonic() > self.cancel_deadline:
@@ -242,7 +243,7 @@ class Runner:
     def _ahead(self) -> bool:
         """With every worker busy: may the next ready task be queued ahead? Only within
         the executor's ``queue_ahead`` and without a timeout (counted from the submit)."""
-        return len(self.jobs) < self.window and self.ready[0].node.task.options.timeout is None
+        return len(self.running) < self.window and self.ready[0].node.task.options.timeout is None
 
     def _wait(self) -> None:
         if self.inbox:
@@ -310,7 +311,7 @@ class Runner:
         if self.observers.carrier_hook is not None:
             job.carrier = self.observers.carrier(job)
         if self.in_driver or (alone and self.inline_when_alone and job.timeout is None
-                              and len(self.jobs) == 1 and not self.ready):
+                              and len(self.running) == 1 and not self.ready):
             c = execute(job, self._cancel_seen)
             self.j.check_lease()
             if c.outcome == _CANCELLED_O and not self.cancelling and self._cancel_seen():
