@@ -57,7 +57,9 @@ a step says otherwise):
 A cancel (Ctrl-C in the CLI, ``Run.cancel``, ``pipeline cancel`` from another
 process) is seen by the loop within ~0.1 s: the run goes ``cancelling``, tasks
 not started go ``cancelled`` and running ones ``cancelling`` in one commit,
-and the executor is asked to stop them.
+and the executor is asked to stop them. The CLI turns Ctrl-C into that cancel
+(a signal handler); a ``KeyboardInterrupt`` *raised inside a task* is the
+task's, and only ends its attempt (step 5).
 """
 
 from __future__ import annotations
@@ -135,7 +137,8 @@ def ledgerflow_run_start(run_id: str, pipeline: str, resumed: bool) -> None:
     """A run (or a resume of it) starts driving.
 
     When: after the run's creation (or takeover) is committed, before any task
-    is dispatched. Process: the driver, in the thread that drives the run.
+    is dispatched. Process: the driver, in the thread that starts the drive
+    (the caller's, also when the run is then driven in a thread of its own).
     Results: none; exceptions are logged.
     """
 
