@@ -8,9 +8,16 @@ existing scheduler instead and leaves it running.
 How the kernel's contract maps onto Dask:
 
 * one :class:`~ledgerflow.executor.Job` = one Dask task with a unique key,
-  submitted with ``retries=0``; the job travels as cloudpickle bytes and the
-  :class:`~ledgerflow.executor.Completion` comes back the same way (the
-  driver alone writes the ledger);
+  submitted with ``retries=0``; the task's function travels once per worker
+  (a scattered spec), a job carries its key, attempt and arguments, and a
+  plain success comes back as its encoded result (:mod:`ledgerflow_dask.wire`;
+  the driver alone writes the ledger);
+* a job with a timeout announces its start from the worker, and its timeout
+  counts from there: a job waiting in Dask's queue does not time out. With no
+  result in time the executor reports it ``timeout`` (the worker is asked to
+  stop, as for a cancel) and logs and drops the late result if it comes
+  (``timeout_from_start``). A timeout the runner decides itself
+  (``cancel(job, reason="timeout")``) takes precedence;
 * a worker that dies mid-task: the private cluster's scheduler has
   ``allowed_failures=0``, so the task ends in ``KilledWorker`` and is
   reported ``lost`` (the runner retries within the task's budget). On a
@@ -36,24 +43,20 @@ import contextlib
 import logging
 import os
 import queue
-import re
 import secrets
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
-
-import cloudpickle
 
 from ledgerflow.config import Settings
 from ledgerflow.errors import ConfigError, PluginError
 from ledgerflow.executor import Completion, Job
-from ledgerflow.task import Task
 
-from .worker import load_completion, mark_cancelled, run_job
+from .wire import Specs, arguments, extras, load_completion
+from .worker import mark_cancelled, run_job
 
 log = logging.getLogger("ledgerflow.dask")
 
@@ -61,7 +64,6 @@ _STOP = ("stop",)
 #: Jobs queued ahead per worker thread by default: enough that a worker finds its next
 #: task waiting while the previous result travels back through the scheduler.
 _AHEAD_PER_THREAD = 64
-_NAME = re.compile(r"[^A-Za-z0-9_.]+")
 
 
 @dataclass(slots=True)
@@ -75,6 +77,8 @@ class _Entry:
     cancel_reason: str | None = None
     starts: int = 0
     stop_grace: float = 0.0        # what the task says it needs to stop (program tasks)
+    timeout: float | None = None   # counted from the worker's start announcement
+    started_at: float = 0.0        # wall time the worker announced (0: not yet)
 
 
 class DaskExecutor:
@@ -101,6 +105,10 @@ class DaskExecutor:
     """
 
     name = "dask"
+    #: Jobs' timeouts count from the worker's start of the attempt, and this executor
+    #: enforces them (reports ``timeout``): a runner that honours this may queue jobs
+    #: with a timeout ahead too, without a timer of its own from the submit.
+    timeout_from_start = True
 
     def __init__(self, address: str | None = None, *, client: Any = None,
                  n_workers: int | None = None, cancel_grace: float = 1.0,
@@ -126,7 +134,10 @@ class DaskExecutor:
         self._thread: threading.Thread | None = None
         self._token = secrets.token_hex(4)
         self._topic: str | None = None
-        self._shipped: set[str] = set()
+        self._watch = False             # announce every start (the scheduler re-runs)
+        self._timeouts: dict[int, float] = {}   # job id -> monotonic deadline
+        self._late: dict[int, _Entry] = {}      # timed out here; result still to come
+        self._specs = Specs(self._token, self.ship_modules)
         self._direct = direct
         self._queue_ahead = queue_ahead
         #: read by the runner after :meth:`start` (see ledgerflow.executor.Executor)
@@ -185,16 +196,16 @@ class DaskExecutor:
         self._own_client = True
         return self.client
 
-    def _watch_restarts(self) -> None:
-        """Turn on start announcements if the scheduler re-runs tasks of dead workers."""
+    def _watch_starts(self) -> None:
+        """Hear start announcements: of jobs with a timeout, and of every job if the
+        scheduler re-runs tasks of dead workers."""
         try:
             allowed = self.client.run_on_scheduler(_allowed_failures)
         except Exception:   # cannot tell: be safe
             allowed = 1
-        if not allowed:
-            return
+        self._watch = bool(allowed)
         self._topic = f"ledgerflow-start-{self._token}"
-        self.client.subscribe_topic(self._topic, self._on_start_event)
+        self.client.subscribe_topic(self._topic, self._on_event)
 
     # -- the Executor protocol ----------------------------------------------------------
     def start(self, *, workers: int, on_complete: Callable[[Completion], None]) -> None:
@@ -209,7 +220,7 @@ class DaskExecutor:
             except Exception:   # cannot tell: as many as the runner's workers
                 threads = workers
             self.queue_ahead = _AHEAD_PER_THREAD * max(1, threads)
-        self._watch_restarts()
+        self._watch_starts()
         self._thread = threading.Thread(target=self._control, name="ledgerflow-dask",
                                         daemon=True)
         self._thread.start()
@@ -218,19 +229,20 @@ class DaskExecutor:
         """Send ``job`` to the cluster as one Dask task."""
         client = self.client
         stop_grace = float(getattr(job.fn, "stop_grace", 0.0))
-        if isinstance(job.fn, Task):    # ship the plain function: it pickles by value
-            job = replace(job, fn=job.fn.fn)
-        self._ship(job.fn)
-        payload: Any = cloudpickle.dumps(job, protocol=5)
-        key = f"{_NAME.sub('_', job.task_name or 'task')}-{self._token}-{job.id}"
+        spec = self._specs.get(client, job, self._topic)
+        args, kwargs = arguments(job)
         scattered = None
-        if len(payload) > self.scatter_above:
-            payload = scattered = client.scatter(payload, hash=False, direct=False)
-        fut = client.submit(run_job, payload, job.id, key, self._topic, key=key, pure=False,
-                            retries=0)
+        if kwargs is None and len(args) > self.scatter_above:
+            args = scattered = client.scatter(args, hash=False, direct=False)
+        key = f"{spec.prefix}{job.id}"
+        more = extras(job)
+        announce = self._watch or job.timeout is not None
+        tail = (announce, more) if more is not None else (True,) if announce else ()
+        fut = client.submit(run_job, spec.future, job.id, job.task_key, job.attempt, args,
+                            kwargs, *tail, key=key, pure=False, retries=0)
         with self._lock:
             self._jobs[job.id] = _Entry(fut, key, time.time(), scattered,
-                                        stop_grace=stop_grace)
+                                        stop_grace=stop_grace, timeout=job.timeout)
         fut.add_done_callback(partial(self._on_done, job.id))
 
     def cancel(self, job_id: int, *, reason: str) -> None:
@@ -246,6 +258,9 @@ class DaskExecutor:
         self._done = None
         with self._lock:
             left, self._jobs = list(self._jobs.values()), {}
+        left += self._late.values()
+        self._late, self._timeouts = {}, {}
+        self._specs.clear()
         client = self.client
         if client is not None and left:
             with contextlib.suppress(Exception):
@@ -271,31 +286,22 @@ class DaskExecutor:
         return dict(self.client.run(os.getpid))
 
     # -- internals ----------------------------------------------------------------------
-    def _ship(self, fn: Callable[..., Any]) -> None:
-        """Pickle a pipeline module by value if the workers may not import it."""
-        name = getattr(fn, "__module__", None) or ""
-        if name in self._shipped:
-            return
-        self._shipped.add(name)
-        mod = sys.modules.get(name)
-        if mod is None or name == "__main__":
-            return
-        if getattr(mod, "__ledgerflow_file__", None) or name in self.ship_modules:
-            cloudpickle.register_pickle_by_value(mod)
-
     def _on_done(self, job_id: int, _fut: Any) -> None:
         self._queue.put(("done", job_id))
 
-    def _on_start_event(self, event: tuple[float, Any]) -> None:
-        self._queue.put(("started", *event[1]))
+    def _on_event(self, event: tuple[float, Any]) -> None:
+        """A worker's ``("s", job id, start time)`` or ``("r", job id, answer)``."""
+        tag, job_id, what = event[1]
+        self._queue.put(("started" if tag == "s" else "answer", job_id, what))
 
     def _control(self) -> None:
         """The reporting thread: batch results, apply cancels, detect lost jobs."""
         q = self._queue
         while True:
             wait = 0.5
-            if self._deadlines:
-                wait = max(0.0, min(self._deadlines.values()) - time.monotonic())
+            if self._deadlines or self._timeouts:
+                wait = max(0.0, min(*self._deadlines.values(), *self._timeouts.values(),
+                                    time.monotonic() + wait) - time.monotonic())
             batch: list[tuple[Any, ...]] = []
             with contextlib.suppress(queue.Empty):
                 batch.append(q.get(timeout=wait))
@@ -317,6 +323,8 @@ class DaskExecutor:
             kind = item[0]
             if kind == "done":
                 done.append(item[1])
+            elif kind == "answer":
+                self._answer(item[1], item[2])
             elif kind == "cancel":
                 _, job_id, reason = item
                 entry = self._jobs.get(job_id)
@@ -324,14 +332,18 @@ class DaskExecutor:
                     continue
                 entry.cancel_reason = reason
                 marks.append(entry.key)
+                self._timeouts.pop(job_id, None)    # the runner decided (or it is cancelled)
                 if reason != "timeout":
                     self._deadlines[job_id] = now + max(self.cancel_grace, entry.stop_grace)
             elif kind == "started":
                 entry = self._jobs.get(item[1])
                 if entry is not None:
                     entry.starts += 1
-                    if entry.starts > 1:
+                    if entry.starts > 1 and self._watch:
                         lost.append(item[1])
+                    elif entry.timeout is not None and entry.cancel_reason is None:
+                        entry.started_at = item[2]
+                        self._timeouts[item[1]] = now + entry.timeout
         if marks:
             self.client.run(mark_cancelled, marks, on_error="ignore")
         if done:
@@ -343,6 +355,50 @@ class DaskExecutor:
         for j in expired:
             del self._deadlines[j]
         self._hard_cancel([j for j in expired if j in self._jobs])
+        late = [j for j, t in self._timeouts.items() if t <= time.monotonic()]
+        if late:
+            self._time_out(late)
+
+    def _time_out(self, job_ids: list[int]) -> None:
+        """No result within the timeout since the worker started: report ``timeout``,
+        ask the worker to stop, keep the future to log its late result."""
+        keys = []
+        for job_id in job_ids:
+            del self._timeouts[job_id]
+            entry = self._jobs.get(job_id)
+            if entry is None or entry.timeout is None:
+                continue
+            keys.append(entry.key)
+            self._late[job_id] = entry
+            self._report(job_id, Completion(
+                job_id, "timeout", error_type="TaskTimedOut",
+                error_message=f"no result within {entry.timeout:g}s of its start on the "
+                "Dask worker; attempt abandoned", started_at=entry.started_at,
+                ended_at=time.time(), has_value=False))
+        if keys:
+            with contextlib.suppress(Exception):
+                self.client.run(mark_cancelled, keys, on_error="ignore")
+
+    def _answer(self, job_id: int, data: Any) -> None:
+        """A job's answer pushed by its worker (its ``done`` then finds it reported)."""
+        entry = self._jobs.get(job_id)
+        if entry is None:
+            self._rejected(job_id)
+            return
+        try:
+            c = load_completion(job_id, data)
+        except Exception as exc:
+            c = _failure(job_id, entry, exc, "the result could not be loaded")
+        self._report(job_id, c)
+
+    def _rejected(self, job_id: int) -> None:
+        """Log the late result of a job timed out here (once, by the first of its
+        answer and its ``done``)."""
+        late = self._late.pop(job_id, None)
+        if late is not None:
+            log.warning("dask executor: the result of %s came after its %gs timeout "
+                        "(counted from its start); rejected, not applied", late.key,
+                        late.timeout)
 
     def _collect(self, job_ids: list[int]) -> None:
         from distributed.scheduler import KilledWorker
@@ -351,6 +407,7 @@ class DaskExecutor:
         for job_id in job_ids:
             entry = self._jobs.get(job_id)
             if entry is None:
+                self._rejected(job_id)
                 continue
             status = entry.future.status
             if status == "finished":
@@ -379,7 +436,7 @@ class DaskExecutor:
                 self._lose([job_id], "the result was lost with its Dask worker")
                 continue
             try:
-                c = load_completion(data)
+                c = load_completion(job_id, data)
             except Exception as exc:
                 c = _failure(job_id, entry, exc, "the result could not be loaded")
             self._report(job_id, c)
