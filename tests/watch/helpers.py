@@ -19,6 +19,22 @@ PLUGINS = ROOT / "plugins"
 DOC_INDEX = ROOT / "recipes" / "doc_index" / "pipeline.py"
 
 
+#: A pipeline of one uncached task that sleeps ``seconds`` (a run whose length a test sets).
+TICKING = """\
+import time
+from ledgerflow import pipeline, task
+
+@task(cache=False)
+def tick(seconds: float) -> float:
+    time.sleep(seconds)
+    return time.time()
+
+@pipeline
+def ticking(seconds: float = 0.0) -> float:
+    return tick(seconds)
+"""
+
+
 def watch_command() -> list[str]:
     """``pipeline watch`` once the plugin is registered, else the same command by module."""
     if any(ep.name == "watch" for ep in entry_points(group="ledgerflow")):

@@ -8,24 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from .helpers import TICKING as FLOW
 from .helpers import Watcher, wait_for
 
 pytest.importorskip("watchfiles")
-
-FLOW = """\
-import time
-from ledgerflow import pipeline, task
-
-@task(cache=False)
-def tick(seconds: float) -> float:
-    time.sleep(seconds)
-    return time.time()
-
-@pipeline
-def ticking(seconds: float = 0.0) -> float:
-    return tick(seconds)
-"""
-
 
 def test_a_change_during_a_run_starts_the_next_run(tmp_path: Path) -> None:
     (tmp_path / "flow.py").write_text(FLOW)

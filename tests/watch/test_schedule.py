@@ -10,24 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from .helpers import TICKING as FLOW
 from .helpers import Watcher, env_for, watch_command
 
 pytest.importorskip("croniter")
-
-FLOW = """\
-import time
-from ledgerflow import pipeline, task
-
-@task(cache=False)
-def tick(seconds: float) -> float:
-    time.sleep(seconds)
-    return time.time()
-
-@pipeline
-def ticking(seconds: float = 0.0) -> float:
-    return tick(seconds)
-"""
-
 
 def epoch(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
