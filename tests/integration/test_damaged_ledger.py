@@ -207,6 +207,9 @@ def test_a_damaged_journal_is_used_up_to_the_damage(project, damage) -> None:
     assert view["state"] == "succeeded" and len(view["tasks"]) == 12
     time.sleep(0)       # the damage stays reported, the run is complete
     assert "damaged" in _cli("status", run_id, "--store", ledger, env=env).stdout
+    doctor = _cli("doctor", "--store", ledger, env=env)     # resumed past: history
+    assert doctor.returncode == 0, doctor.stdout
+    assert f"{journal.name}" in doctor.stdout and "history" in doctor.stdout    # (archived)
 
 
 def _foreign_duckdb(path: str) -> None:

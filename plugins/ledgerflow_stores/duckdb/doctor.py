@@ -47,6 +47,13 @@ def _segments(store: DuckDBStore, run_id: str) -> list[tuple[int, Path]]:
     return sorted(store.journals.segments(run_id) + store.journals.archived(run_id))
 
 
+def _token_of(path: Path) -> int:
+    """The driver token of a journal segment (``RUN.TOKEN.jsonl``, archived or not)."""
+    stem = path.name.removesuffix(".gz").removesuffix(".jsonl")
+    token = stem.rsplit(".", 1)[-1]
+    return int(token) if token.isdigit() else 0
+
+
 def journal_view(store: DuckDBStore, run_id: str) -> tuple[RunView | None, list[Damage]]:
     """A run as its journals alone describe it (superseded tails left out)."""
     segs = _segments(store, run_id)
@@ -93,7 +100,13 @@ def examine(store: DuckDBStore) -> list[Finding]:
         except OSError as exc:
             out.append(Finding(True, f"run {rid}: a journal cannot be read: {exc}", repair))
             continue
+        newest = max((t for t, _ in _segments(store, rid)), default=0)
         for d in damage:
+            if _token_of(d.path) < newest:      # a later driver went on past it
+                out.append(Finding(False, f"run {rid}: {d.describe()} (history: a resume "
+                                   "went on past it; what it held after that point was "
+                                   "run again)"))
+                continue
             out.append(Finding(True, f"run {rid}: {d.describe()}; what it held after that "
                                "point is not applied", f"pipeline resume {rid} re-runs it "
                                "(at-least-once); pipeline repair keeps the good part"))
