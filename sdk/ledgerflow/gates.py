@@ -21,12 +21,26 @@ applied by whichever driver next drives the run.
 from __future__ import annotations
 
 import inspect
+import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .approval import DRAFTING, Approval, Decision, summarize, who
+from .approval import (
+    ARG,
+    DRAFTING,
+    VERSION,
+    Approval,
+    Decision,
+    Decisions,
+    line,
+    payload_fields,
+    previous_of,
+    render,
+    request_doc,
+    unstable,
+)
 from .errors import (
     ApprovalConflictError,
     InputError,
@@ -34,6 +48,7 @@ from .errors import (
     StaleDigestError,
     TaskNotFoundError,
 )
+from .identity import decider
 from .records import ApprovalDecided, ApprovalRequested
 from .states import PENDING_APPROVAL, REFUSED, ApprovalState, TaskState, approval_transition
 from .store import RunStore
@@ -50,6 +65,16 @@ DEADLINE_BY = "ledgerflow (deadline)"
 DEADLINE_REASON = "no decision before the deadline"
 
 _APPROVED = ApprovalState.APPROVED.value
+log = logging.getLogger(__name__)
+
+
+def notify(hook: str, **kwargs: Any) -> None:
+    """Call an approval hook (``ledgerflow_approval_*``); what it raises is logged."""
+    try:
+        from .plugins import get_plugin_manager
+        getattr(get_plugin_manager().hook, hook)(**kwargs)
+    except Exception:
+        log.exception("hook %s failed", hook)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,9 +125,11 @@ def decide_deadline(st: RunStore, run_id: str, task_key: str, digest: str,
     """Record the deadline's decision of a pending request; None if someone decided first."""
     verdict = approval_transition(digest, PENDING_APPROVAL, deadline_verdict(on_timeout))
     try:
-        return st.decide(run_id, task_key, digest, verdict.value, DEADLINE_BY, DEADLINE_REASON)
+        dec = st.decide(run_id, task_key, digest, verdict.value, DEADLINE_BY, DEADLINE_REASON)
     except ApprovalConflictError:       # decided meanwhile by someone
         return None
+    notify("ledgerflow_approval_expired", run_id=run_id, decision=dict(dec))
+    return dec
 
 
 # -- the driver's side -------------------------------------------------------------------
@@ -110,12 +137,16 @@ def decide_deadline(st: RunStore, run_id: str, task_key: str, digest: str,
 class Gates:
     """The approval gates of one drive: requests, decisions, open gates (runner-owned)."""
 
-    __slots__ = ("decided", "journaled", "latest_request", "open", "requested")
+    __slots__ = ("asked", "decided", "journaled", "latest_request", "open", "requested",
+                 "run_id")
 
-    def __init__(self) -> None:
+    def __init__(self, run_id: str = "") -> None:
+        self.run_id = run_id
         #: decisions by digest; requests recorded (deadline, on_timeout) by digest
         self.decided: dict[str, dict[str, Any]] = {}
         self.requested: dict[str, tuple[float | None, str]] = {}
+        #: in-task requests by digest: (task key, action, code version, inputs)
+        self.asked: dict[str, tuple[str, str, str, dict[str, str]]] = {}
         #: open gates by task key: (instance, digest, deadline, on_timeout)
         self.open: dict[str, tuple[Instance, str, float | None, str]] = {}
         #: digests whose decision is journaled; each task's latest request
@@ -124,8 +155,12 @@ class Gates:
 
     def load(self, store: RunStore, run_id: str) -> None:
         """What a prior drive recorded: its requests and decisions (a resume)."""
+        self.run_id = self.run_id or run_id
         for r in store.approvals(run_id):
             self.requested[r["digest"]] = (r["deadline"], r["on_timeout"])
+            inputs = dict(r.get("inputs") or {})
+            if VERSION in inputs:
+                self.asked[r["digest"]] = (r["task_key"], r["action"], inputs[VERSION], inputs)
             if r["state"] != PENDING_APPROVAL:
                 self.decided[r["digest"]] = {
                     "task_key": r["task_key"], "digest": r["digest"], "decision": r["state"],
@@ -145,12 +180,16 @@ class Gates:
         deadline, on_timeout = self.requested.get(dg, (None, "fail"))
         self.open[inst.key] = (inst, dg, deadline, on_timeout)
 
-    def check(self, inst: Instance, dg: str, gate: Approval) -> Verdict:
-        """A gate on the task (``@task(approve=...)``) before its attempt."""
+    def check(self, inst: Instance, dg: str, gate: Approval, args: Iterable[Any] = (),
+              kwargs: Mapping[str, Any] | None = None) -> Verdict:
+        """A gate on the task (``@task(approve=...)``) before its attempt; ``args`` and
+        ``kwargs``: the values it is called with (shown to the approver, masked)."""
         dec = self.decided.get(dg)
         if dec is None:
             inputs = {u.key: u.hash or "" for u in inst.up} if inst.up else {}
-            return self.ask(inst, dg, gate.action or "run", task_summary(inst), inputs, gate)
+            summary, values = task_summary(inst, list(args), kwargs)
+            inputs.update({ARG + k: v for k, v in values.items()})
+            return self.ask(inst, dg, gate.action or "run", summary, inputs, gate)
         return self._verdict(inst.key, dec)
 
     def ask(self, inst: Instance, dg: str, action: str, summary: str,
@@ -165,23 +204,41 @@ class Gates:
                                        now, deadline, gate.on_timeout, list(gate.approvers),
                                        gate.note)
             self.requested[dg] = (deadline, gate.on_timeout)
+            notify("ledgerflow_approval_requested", run_id=self.run_id,
+                   request=request_doc({**record_dict(record), "run_id": self.run_id}))
         else:
             deadline = known[0]
         self.open[inst.key] = (inst, dg, deadline, gate.on_timeout)
         return Wait(f"approval of {action!r} requested ({dg[:12]})", record)
 
-    def ask_in_task(self, inst: Instance, request: Mapping[str, Any]) -> Wait:
-        """An attempt stopped at ``context().approval(...)`` (``ApprovalNeeded.request()``)."""
+    def ask_in_task(self, inst: Instance, request: Mapping[str, Any]) -> Wait | Refuse:
+        """An attempt stopped at ``context().approval(...)`` (``ApprovalNeeded.request()``).
+
+        Refused when the attempt was re-run after an approval of the same action (same
+        code) and asked for a different payload without using that approval: a payload
+        that changes on every attempt would ask forever."""
         gate = Approval(timeout=request["timeout"], on_timeout=request["on_timeout"],
                         approvers=tuple(request["approvers"]), note=request["note"])
-        return self.ask(inst, request["digest"], request["action"], request["summary"], {},
-                        gate)
+        dg, action = request["digest"], request["action"]
+        version = inst.node.task.version
+        summary, fields = payload_fields(request["summary"])
+        inputs = {**{ARG + k: v for k, v in fields.items()}, VERSION: version}
+        used = request.get("used")
+        if used is not None and dg not in self.decided:
+            for old, (key, act, ver, before) in self.asked.items():
+                if (key, act, ver) == (inst.key, action, version) and old != dg \
+                        and old not in used and self.decided.get(old, {}).get(
+                            "decision") == _APPROVED:
+                    return Refuse(unstable(action, before, inputs), None)
+        self.asked[dg] = (inst.key, action, version, inputs)
+        return self.ask(inst, dg, action, summary, inputs, gate)
 
     def is_decided(self, dg: str) -> bool:
         return dg in self.decided
 
     def poll(self, store: RunStore, run_id: str) -> list[tuple[Instance, Pass | Refuse]]:
         """The open gates decided since (from any process), deadlines applied first."""
+        self.run_id = self.run_id or run_id
         self._learn(store.approval_decisions(run_id))
         now = time.time()
         out: list[tuple[Instance, Pass | Refuse]] = []
@@ -208,26 +265,47 @@ class Gates:
             return Pass(str(dec["decided_by"]), record)
         return Refuse(refusal(dec)[1], record)
 
-    def decisions_for(self, key: str) -> dict[str, Decision]:
-        """The decisions an attempt of task ``key`` gets (``context().approval`` reads them)."""
-        if not self.decided:
-            return {}
-        return {dg: Decision(d["decision"], d.get("decided_by") or "", d.get("reason") or "",
-                             float(d.get("decided_at") or 0), dg)
-                for dg, d in self.decided.items() if d["task_key"] == key}
+    def decisions_for(self, key: str) -> Decisions:
+        """The approvals an attempt of task ``key`` gets (``context().approval`` reads them).
+
+        Only approvals: a rejected or expired request fails its task, whichever drive
+        sees it (a resume asks the same digest and fails again); the code never runs
+        past a gate that was refused."""
+        return Decisions({dg: Decision(d["decision"], d.get("decided_by") or "",
+                                       d.get("reason") or "", float(d.get("decided_at") or 0),
+                                       dg)
+                          for dg, d in self.decided.items()
+                          if d["task_key"] == key and d["decision"] == _APPROVED})
 
 
-def task_summary(inst: Instance) -> str:
-    """A readable one-line summary of what a gated task is called with."""
+def task_summary(inst: Instance, args: list[Any] | None = None,
+                 kwargs: Mapping[str, Any] | None = None) -> tuple[str, dict[str, str]]:
+    """What a gated task is called with: a one-line summary and each argument rendered
+    (masked, bounded). Without ``args``, upstream results show as ``<result of KEY>``."""
     node = inst.node
     names = list(inspect.signature(node.task.fn).parameters)
-    shown = [f"<result of {a.key}>" if isinstance(a, (TaskRef, MapRef)) else a
-             for a in node.args]
-    kwargs = {k: (f"<result of {v.key}>" if isinstance(v, (TaskRef, MapRef)) else v)
+    if args is None or (not args and not kwargs and (node.args or node.kwargs)):
+        shown: list[Any] = [f"<result of {a.key}>" if isinstance(a, (TaskRef, MapRef))
+                            else a for a in node.args]
+        kw = {k: (f"<result of {v.key}>" if isinstance(v, (TaskRef, MapRef)) else v)
               for k, v in node.kwargs.items()}
-    if node.is_map:
-        shown = [inst.item if inst.has_item else f"<item of {node.source.key}>"]
-    return summarize(names, shown, kwargs)
+        if node.is_map:
+            shown = [inst.item if inst.has_item else f"<item of {node.source.key}>"]
+    else:
+        shown, kw = list(args), dict(kwargs or {})
+    values = {name: render(v, name) for name, v in zip(names, shown, strict=False)}
+    values.update({k: render(v, k) for k, v in kw.items()})
+    return line(values), values
+
+
+def record_dict(r: ApprovalRequested) -> dict[str, Any]:
+    """A request record as the store's approvals rows hold it (state pending)."""
+    return {"task_key": r.task_key, "attempt": r.attempt, "digest": r.digest,
+            "action": r.action, "summary": r.summary, "inputs": dict(r.inputs),
+            "requested_at": r.requested_at, "deadline": r.deadline,
+            "on_timeout": r.on_timeout, "approvers": list(r.approvers), "note": r.note,
+            "state": PENDING_APPROVAL, "current": True}
+
 
 
 # -- the readers' and deciders' side ---------------------------------------------------------
@@ -249,9 +327,21 @@ def apply_deadlines(st: RunStore, run_id: str) -> list[dict[str, Any]]:
 
 
 def pending(st: RunStore, run_id: str) -> list[dict[str, Any]]:
-    """The requests of a run that wait for a decision (deadlines applied first)."""
+    """The requests of a run that wait for a decision (deadlines applied first), each as
+    recorded plus what an approver sees (:func:`~ledgerflow.approval.request_doc`:
+    ``arguments``, ``changed``, ``previous``; ``inputs`` holds the input hashes)."""
     apply_deadlines(st, run_id)
-    return waiting_requests(st.approvals(run_id))
+    rows = st.approvals(run_id)
+    by_gate: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        by_gate.setdefault((r["task_key"], r["action"]), []).append(r)
+    out = []
+    for r in waiting_requests(rows):
+        same = by_gate[(r["task_key"], r["action"])]
+        doc = request_doc(r, previous_of(same, r) if len(same) > 1 else None)
+        out.append({**r, **{k: doc[k] for k in ("arguments", "inputs", "changed",
+                                                 "previous")}})
+    return out
 
 
 def waiting_requests(approvals: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -315,15 +405,20 @@ def _check_digest(req: dict[str, Any], prefix: str | None, required: bool) -> No
 
 def approve(st: RunStore, run_id: str, task_key: str, *, digest: str | None,
             reason: str = "", by: str | None = None) -> dict[str, Any]:
-    """Approve the request waiting for ``task_key`` (``digest``: a prefix of its digest)."""
+    """Approve the request waiting for ``task_key`` (``digest``: a prefix of its digest).
+
+    ``by``: who decides, checked by :func:`ledgerflow.identity.decider` (default: the
+    OS user's approver name; another name only where the approvers mapping allows)."""
     req = _request(st, run_id, task_key)
     _check_digest(req, digest, required=True)
-    by = by or who()
-    if req["approvers"] and by not in req["approvers"]:
-        raise InputError(f"{by!r} may not approve {task_key!r}; its approvers are: "
+    name = decider(by)
+    if req["approvers"] and name not in req["approvers"]:
+        raise InputError(f"{name!r} may not approve {task_key!r}; its approvers are: "
                          + ", ".join(req["approvers"]),
-                         hint="ask one of them, or pass --as NAME if you are one")
-    return st.decide(run_id, task_key, req["digest"], _APPROVED, by, reason)
+                         hint="ask one of them (a person decides as their OS user, or as a "
+                         "name the approvers mapping gives them: see the README's approvals)")
+    return _decided(st, run_id, st.decide(run_id, task_key, req["digest"], _APPROVED, name,
+                                          reason))
 
 
 def reject(st: RunStore, run_id: str, task_key: str, *, reason: str,
@@ -333,5 +428,11 @@ def reject(st: RunStore, run_id: str, task_key: str, *, reason: str,
         raise InputError("a rejection needs a reason", hint='pass --reason "..."')
     req = _request(st, run_id, task_key)
     _check_digest(req, digest, required=False)
-    return st.decide(run_id, task_key, req["digest"], ApprovalState.REJECTED.value,
-                     by or who(), reason)
+    name = decider(by)
+    return _decided(st, run_id, st.decide(run_id, task_key, req["digest"],
+                                          ApprovalState.REJECTED.value, name, reason))
+
+
+def _decided(st: RunStore, run_id: str, dec: dict[str, Any]) -> dict[str, Any]:
+    notify("ledgerflow_approval_decided", run_id=run_id, decision=dict(dec))
+    return dec

@@ -54,6 +54,15 @@ a step says otherwise):
    ``ledgerflow_run_finish(run_id, state)`` is called (``state`` is
    ``interrupted`` if the drive raised, e.g. the lease was lost).
 
+**Approval hooks** (any process, not only the driver): a gate's request is
+announced by ``ledgerflow_approval_requested`` in the driver when the gate asks
+(once per request: a digest asked before is not announced again), and its
+decision by ``ledgerflow_approval_decided`` in the process that recorded it
+(``pipeline approve``/``reject``, ``Run.approve``, the console) or by
+``ledgerflow_approval_expired`` in the first process that applied its deadline
+(the driver, ``pipeline status``/``approvals``/``resume``, a worker, the
+console): the store's atomic decision makes each fire once per request.
+
 A cancel (Ctrl-C in the CLI, ``Run.cancel``, ``pipeline cancel`` from another
 process) is seen by the loop within ~0.1 s: the run goes ``cancelling``, tasks
 not started go ``cancelled`` and running ones ``cancelling`` in one commit,
@@ -64,7 +73,7 @@ task's, and only ends its attempt (step 5).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -194,6 +203,42 @@ def ledgerflow_records_committed(run_id: str, records: Sequence[Record],
     drives the run: keep it cheap (hand slow work to a thread of your own).
     Results: none; exceptions are logged. Runs with no implementation of
     this hook pay nothing for it. Added in 0.2.
+    """
+
+
+@hookspec
+def ledgerflow_approval_requested(run_id: str, request: dict[str, Any]) -> None:
+    """A gate asks a person: ``request`` is what the approver sees
+    (:func:`ledgerflow.approval.request_doc`: task, action, arguments rendered and
+    masked, digest, approvers, note, deadline).
+
+    When: as the gate asks, in the loop turn whose group commit records it. Process:
+    the driver, in the thread that drives the run: keep it cheap (hand slow work,
+    e.g. a POST, to a thread). Results: none; exceptions are logged. Added in 0.3.
+    """
+
+
+@hookspec
+def ledgerflow_approval_decided(run_id: str, decision: dict[str, Any]) -> None:
+    """A person decided a request: ``decision`` has ``task_key``, ``digest``,
+    ``decision`` (approved or rejected), ``decided_by``, ``reason``, ``decided_at``.
+
+    When: right after the store recorded the decision (once: of two racing deciders
+    only the winner's process calls it). Process: the one that decided (the CLI,
+    ``Run.approve``/``reject``, the console). Results: none; exceptions are logged.
+    Added in 0.3.
+    """
+
+
+@hookspec
+def ledgerflow_approval_expired(run_id: str, decision: dict[str, Any]) -> None:
+    """A request's deadline passed with no decision: ``decision`` as recorded
+    (``expired``, or ``rejected`` with ``on_timeout="reject"``, by
+    ``ledgerflow (deadline)``).
+
+    When: right after the first process that applied the deadline recorded it (once).
+    Process: that one (the driver, a reader such as ``pipeline status``, a worker, the
+    console). Results: none; exceptions are logged. Added in 0.3.
     """
 
 

@@ -106,7 +106,7 @@ class Runner:
         self.inline_when_alone = _inline_when_alone(executor)
         self.echo = settings.logs
         self.wait_approvals = settings.wait_approvals
-        self.gates = Gates()        # approval gates: what they decide, the runner applies
+        self.gates = Gates(run_id)  # approval gates: what they decide, the runner applies
         self.folders: tuple[str, str] | None = worker_folders(store, run_id)
         self.steps = StepResults(self.folders[1] if self.folders else None)
 
@@ -281,7 +281,7 @@ class Runner:
                 self.j.reuse(inst, hit)
                 self._unlock(inst)
                 return
-        if opts.approve is not None and not self._gate_passed(inst, literals, ups):
+        if opts.approve is not None and not self._gate_passed(inst, literals, ups, args, kwargs):
             return      # it waits, or failed
         inst.attempt += 1
         inst.used += 1
@@ -324,12 +324,13 @@ class Runner:
             self._on_complete(not_started(job.id, exc))
 
     # -- approval gates -------------------------------------------------------------------
-    def _gate_passed(self, inst: Instance, literals: bytes, ups: Any) -> bool:
+    def _gate_passed(self, inst: Instance, literals: bytes, ups: Any, args: Any,
+                     kwargs: Any) -> bool:
         """A task gate: True if approved; else the task waits (or fails if refused)."""
         gate = inst.node.task.options.approve
         assert gate is not None
         dg = task_digest(self.run_id, inst.key, inst.node.task.version, literals, ups)
-        return self._apply_gate(inst, self.gates.check(inst, dg, gate))
+        return self._apply_gate(inst, self.gates.check(inst, dg, gate, args, kwargs))
 
     def _apply_gate(self, inst: Instance, verdict: Verdict) -> bool:
         """Apply what a gate decided (see :mod:`ledgerflow.gates`); True if it passed."""

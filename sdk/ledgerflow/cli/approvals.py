@@ -34,24 +34,59 @@ def approvals(run_id: str | None, store: str | None, as_json: bool) -> None:
     rows = api.approvals(run_id, store=store)
     if as_json:
         out(dumps([{"run_id": r["run_id"], "task_key": r["task_key"], "action": r["action"],
-                    "summary": r["summary"], "digest": r["digest"], "inputs": r["inputs"],
+                    "summary": r["summary"], "digest": r["digest"],
+                    "arguments": r["arguments"], "inputs": r["inputs"],
                     "requested_at": iso(r["requested_at"]), "deadline": iso(r["deadline"]),
                     "on_timeout": r["on_timeout"], "approvers": r["approvers"],
-                    "note": r["note"]} for r in rows]))
+                    "note": r["note"], "changed": r["changed"], "previous": r["previous"]}
+                   for r in rows]))
         return
     if not rows:
         out("no approvals waiting")
         return
     for rid in dict.fromkeys(r["run_id"] for r in rows):
         out(f"run {rid}:")
-        for r in [x for x in rows if x["run_id"] == rid][:50]:
-            deadline = f"  deadline {iso(r['deadline'])} ({r['on_timeout']})" \
-                if r["deadline"] else ""
-            out(f"  {r['task_key']}  {r['action']}: {r['summary']}  digest "
-                f"{r['digest'][:12]}  requested {iso(r['requested_at'])}{deadline}")
+        mine = [x for x in rows if x["run_id"] == rid][:50]
+        for i, r in enumerate(mine):       # many: the first in full, one line each after
+            if i == 0 or len(mine) <= 10:
+                for line in request_lines(r):
+                    out("  " + line)
+            else:
+                out(f"  {r['task_key']}  {r['action']}: {r['summary']}  digest "
+                    f"{r['digest'][:12]}")
         n = sum(1 for x in rows if x["run_id"] == rid)
         if n > 50:
             out(f"  ... and {n - 50} more (pipeline approvals {rid} --json lists them all)")
+
+
+def request_lines(r: dict[str, Any]) -> list[str]:
+    """One waiting request as an approver reads it: what, with which values, who, until
+    when, what changed since the last request of this gate, and how to decide."""
+    lines = [f"{r['task_key']}  {r['action']}  digest {r['digest'][:12]}  requested "
+             f"{iso(r['requested_at'])}"]
+    if r.get("note"):
+        lines.append(f"  note: {r['note']}")
+    for name, value in (r.get("arguments") or {}).items():
+        lines.append(f"  {name} = {value}")
+    if not r.get("arguments"):
+        lines.append(f"  {r['summary']}")
+    for up, h in (r.get("inputs") or {}).items():
+        lines.append(f"  input {up}: result {h[:12]}")
+    lines.append("  approvers: " + (", ".join(r["approvers"]) if r.get("approvers")
+                                    else "anyone"))
+    if r.get("deadline"):
+        verdict = "expired" if r["on_timeout"] == "fail" else "rejected"
+        lines.append(f"  deadline: {iso(r['deadline'])} (then {verdict})")
+    prev = r.get("previous")
+    if prev is not None:
+        changed = r.get("changed") or []
+        what = "; ".join(f"{c['field']}: {c['before']} -> {c['after']}" for c in changed) \
+            or "no argument changed (the code or an input did)"
+        lines.append(f"  changed since request {prev['digest'][:12]} ({prev['state']}): "
+                     f"{what}")
+    lines.append(f"  decide: pipeline approve {r['run_id']} '{r['task_key']}' --digest "
+                 f"{r['digest'][:12]}   (or reject ... --reason \"...\")")
+    return lines
 
 
 def _decided(doc: dict[str, Any], run_id: str, and_resume: bool, store: str | None) -> None:
@@ -76,7 +111,9 @@ def _decided(doc: dict[str, Any], run_id: str, and_resume: bool, store: str | No
               help="The digest of what you approve (at least 6 characters), as listed by "
               "pipeline approvals.")
 @click.option("--reason", default="", help="Why (recorded with the decision).")
-@click.option("--as", "by", metavar="NAME", help="Who decides (default: the OS user).")
+@click.option("--as", "by", metavar="NAME",
+              help="Decide as NAME (default: your OS user's approver name); only a name "
+              "the approvers mapping gives your OS user.")
 @click.option("--resume", "and_resume", is_flag=True,
               help="Then resume the run here if no driver is alive.")
 @STORE
@@ -98,7 +135,9 @@ def approve(run_id: str, task_key: str, digest: str, reason: str, by: str | None
 @click.argument("task_key")
 @click.option("--reason", required=True, help="Why (recorded; the task fails 'rejected').")
 @click.option("--digest", metavar="PREFIX", help="Check the request's digest too.")
-@click.option("--as", "by", metavar="NAME", help="Who decides (default: the OS user).")
+@click.option("--as", "by", metavar="NAME",
+              help="Decide as NAME (default: your OS user's approver name); only a name "
+              "the approvers mapping gives your OS user.")
 @click.option("--resume", "and_resume", is_flag=True,
               help="Then resume the run here if no driver is alive.")
 @STORE
