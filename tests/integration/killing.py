@@ -53,9 +53,13 @@ def effect(i: int) -> int:
 def total(xs: list[int]) -> int:
     return sum(xs)
 
+@task
+def numbers(n: int, start: int) -> list[int]:
+    return list(range(start, start + n))
+
 @pipeline
-def fan(n: int = 40):
-    return total(effect.map(items(n)))
+def fan(n: int = 40, start: int = 0):
+    return total(effect.map(numbers(n, start) if start else items(n)))
 
 prog = program("prog", ["sh", "-c", 'echo "prog[$1]" >> "$SIDE"; sleep "$2"', "sh", "{i}",
                         "{delay}"])
@@ -104,6 +108,7 @@ class Tally:
 
     seed: int
     kills: int = 0
+    started: float = field(default_factory=time.monotonic)
     lost: list[str] = field(default_factory=list)
     bricked: list[str] = field(default_factory=list)
     stale: list[str] = field(default_factory=list)
@@ -136,7 +141,8 @@ class Project:
         """Run one command to its end; an exit outside 0-3, or silent failure, is bricked."""
         res = subprocess.run([sys.executable, "-m", "ledgerflow", *args, "--store", self.ledger],
                              capture_output=True, text=True, env=self.env, timeout=timeout)
-        if res.returncode not in FINE_CODES or (res.returncode == 2 and not res.stderr.strip()):
+        said = (res.stdout + res.stderr).strip()
+        if res.returncode not in FINE_CODES or (res.returncode == 2 and not said):
             self.tally.bricked.append(f"{self.root.name}: {args[0]} exit {res.returncode}: "
                                       f"{res.stderr.strip()[-300:]}")
         return res
@@ -226,9 +232,11 @@ class Project:
 
     def check_repeats(self, run_id: str) -> None:
         """A side effect that ran n times has n - 1 attempts shown as ``lost``."""
-        _, _, outcomes = self.sql()
+        _, tasks, outcomes = self.sql()
         for mark, n in self.effects().items():
             key = task_key(mark)
+            if key not in tasks.get(run_id, {}):          # another run's side effect
+                continue
             lost = outcomes.get((run_id, key), []).count("lost")
             if n > 1 + lost:
                 self.tally.lost.append(f"{self.root.name} {run_id}: {key} ran {n} times, "
