@@ -32,7 +32,7 @@ def _chunks(index: Path) -> set[tuple[str, int]]:
 def _qa_block() -> tuple[list[list[str]], list[int | None]]:
     """The doc_qa commands of *Model and agent tasks* and the exit code each one's comment names."""
     (block,) = blocks("Model and agent tasks", "bash")
-    lines = [line for line in block.splitlines() if line.strip()]
+    lines = [line for line in block.replace("\\\n", " ").splitlines() if line.strip()]
     codes = [int(m.group(1)) if (m := re.search(r"#\s*exit (\d+)", line)) else None
              for line in lines]
     return commands(block), codes
