@@ -286,8 +286,9 @@ def create_app(cfg: ConsoleConfig) -> ASGIApp:
         return JSONResponse(runs_model(request)["runs"])
 
     def api_status(request: Request) -> Response:
+        from ledgerflow.cli.render import run_json  # exactly ``pipeline status --json``
         run = ledger.run(request.path_params["run_id"])
-        return JSONResponse(ledger.view(run).as_json())
+        return JSONResponse(run_json(ledger.view(run)))
 
     def api_page(request: Request) -> Response:
         return JSONResponse(run_model(request.path_params["run_id"]))
