@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from tests.integration.killing import (
@@ -273,3 +274,28 @@ def test_two_concurrent_resumes_of_a_dead_run_one_wins(tmp_path: Path, tally: Ta
         p.check_sql(run_id, after)
         p.check_repeats(run_id)
     _verdict(tally)
+
+
+def test_the_checks_catch_a_stale_table_a_repeated_effect_and_a_refused_command(
+        tmp_path: Path) -> None:
+    """The harness can fail: each invariant check sees its own kind of breakage."""
+    p = Project(tmp_path, Tally(0), DELAY="0")
+    done = p.cli("run", f"{p.flow}:fan", "-p", "n=3", "--executor", "inline", "--json")
+    run_id = json.loads(done.stdout)["run_id"]
+    view = p.status(run_id)
+    assert view is not None and view["state"] == "succeeded"
+    p.check_sql(run_id, view)
+    p.check_repeats(run_id)
+    assert not (p.tally.lost or p.tally.bricked or p.tally.stale), p.tally.failures()
+    with open(p.env["SIDE"], "a") as fh:            # effect[1] ran again, nothing lost
+        fh.write("effect[1]\n")
+    p.check_repeats(run_id)
+    assert len(p.tally.lost) == 1 and "effect[1] ran 2 times" in p.tally.lost[0]
+    con = duckdb.connect(p.ledger)
+    con.execute("UPDATE tasks SET state = 'running' WHERE task_key = 'effect[2]'")
+    con.close()
+    p.check_sql(run_id, view)
+    assert len(p.tally.stale) == 1 and "effect[2]" in p.tally.stale[0]
+    p.cli("status", "no-such-run")
+    p.cli("resume", run_id)                         # exit 2 with a message: not bricked
+    assert not p.tally.bricked, p.tally.bricked
