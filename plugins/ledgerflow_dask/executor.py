@@ -55,7 +55,7 @@ from ledgerflow.config import Settings
 from ledgerflow.errors import ConfigError, PluginError
 from ledgerflow.executor import Completion, Job
 
-from .wire import Specs, arguments, extras, load_completion
+from .wire import Specs, arguments, decode, extras, failure, stopped
 from .worker import mark_cancelled, run_job
 
 log = logging.getLogger("ledgerflow.dask")
@@ -270,6 +270,8 @@ class DaskExecutor:
         if self._topic and client is not None:
             with contextlib.suppress(Exception):
                 client.unsubscribe_topic(self._topic)
+            with contextlib.suppress(Exception):   # the scheduler keeps a topic's events
+                client.run_on_scheduler(_forget_topic, topic=self._topic)
         if self._own_client:
             self.client = None
             self._own_client = False
@@ -341,7 +343,8 @@ class DaskExecutor:
                     entry.starts += 1
                     if entry.starts > 1 and self._watch:
                         lost.append(item[1])
-                    elif entry.timeout is not None and entry.cancel_reason is None:
+                    elif entry.timeout is not None and entry.cancel_reason is None \
+                            and not entry.started_at:
                         entry.started_at = item[2]
                         self._timeouts[item[1]] = now + entry.timeout
         if marks:
@@ -385,11 +388,7 @@ class DaskExecutor:
         if entry is None:
             self._rejected(job_id)
             return
-        try:
-            c = load_completion(job_id, data)
-        except Exception as exc:
-            c = _failure(job_id, entry, exc, "the result could not be loaded")
-        self._report(job_id, c)
+        self._report(job_id, decode(job_id, data, entry.submitted))
 
     def _rejected(self, job_id: int) -> None:
         """Log the late result of a job timed out here (once, by the first of its
@@ -417,10 +416,10 @@ class DaskExecutor:
                 if isinstance(exc, KilledWorker):
                     self._lose([job_id], f"the Dask worker running it died ({exc})")
                 else:
-                    self._report(job_id, _failure(job_id, entry, exc))
+                    self._report(job_id, failure(job_id, entry.submitted, exc))
             elif status == "cancelled":
                 if entry.cancel_reason is not None:
-                    self._report(job_id, _stopped(job_id, entry))
+                    self._report(job_id, stopped(job_id, entry.submitted))
                 else:
                     self._lose([job_id], "Dask dropped the task (scheduler or worker lost)")
             elif status == "lost":
@@ -435,11 +434,7 @@ class DaskExecutor:
             if data is None:
                 self._lose([job_id], "the result was lost with its Dask worker")
                 continue
-            try:
-                c = load_completion(job_id, data)
-            except Exception as exc:
-                c = _failure(job_id, entry, exc, "the result could not be loaded")
-            self._report(job_id, c)
+            self._report(job_id, decode(job_id, data, entry.submitted))
 
     def _one(self, entry: _Entry) -> Any:
         try:
@@ -470,7 +465,7 @@ class DaskExecutor:
         with contextlib.suppress(Exception):
             self.client.cancel([e.future for _, e in entries], reason="ledgerflow cancel")
         for job_id, entry in entries:
-            self._report(job_id, _stopped(job_id, entry))
+            self._report(job_id, stopped(job_id, entry.submitted))
 
     def _report(self, job_id: int, c: Completion) -> None:
         with self._lock:
@@ -486,13 +481,7 @@ def _allowed_failures(dask_scheduler: Any) -> int:
     return int(dask_scheduler.allowed_failures)
 
 
-def _stopped(job_id: int, entry: _Entry) -> Completion:
-    return Completion(job_id, "cancelled", started_at=entry.submitted, ended_at=time.time(),
-                      has_value=False)
+def _forget_topic(dask_scheduler: Any, topic: str) -> None:
+    """Drop the events the scheduler keeps for ``topic`` (runs on the scheduler)."""
+    dask_scheduler._broker._topics.pop(topic, None)
 
-
-def _failure(job_id: int, entry: _Entry, exc: BaseException | None,
-             what: str = "Dask could not run it") -> Completion:
-    return Completion(job_id, "error", error=exc, error_type=type(exc).__name__,
-                      error_message=f"{what}: {exc}"[:2000], started_at=entry.submitted,
-                      ended_at=time.time(), has_value=False)

@@ -1,4 +1,4 @@
-"""What a Dask job carries, driver side: task specs shipped once, small jobs, compact results.
+"""What a Dask job carries, driver side: task specs shipped once, small jobs, compact answers.
 
 A task's *spec* (its plain function and the fields every attempt of it in a
 run shares: run id, task name, code version, echo, folders) is pickled once,
@@ -16,6 +16,7 @@ from __future__ import annotations
 import pickle
 import re
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,3 +148,25 @@ def load_completion(job_id: int, data: Any) -> Completion:
     if not isinstance(c, Completion):
         raise TypeError(f"a Dask job returned {type(c).__name__}, not a Completion")
     return c
+
+
+def decode(job_id: int, data: Any, submitted: float) -> Completion:
+    """:func:`load_completion`, or an ``error`` Completion saying why it failed."""
+    try:
+        return load_completion(job_id, data)
+    except Exception as exc:
+        return failure(job_id, submitted, exc, "the result could not be loaded")
+
+
+def stopped(job_id: int, submitted: float) -> Completion:
+    """A job the executor stopped (or that Dask cancelled on request)."""
+    return Completion(job_id, "cancelled", started_at=submitted, ended_at=time.time(),
+                      has_value=False)
+
+
+def failure(job_id: int, submitted: float, exc: BaseException | None,
+            what: str = "Dask could not run it") -> Completion:
+    """A job Dask failed to run, or whose answer could not be loaded."""
+    return Completion(job_id, "error", error=exc, error_type=type(exc).__name__,
+                      error_message=f"{what}: {exc}"[:2000], started_at=submitted,
+                      ended_at=time.time(), has_value=False)

@@ -48,7 +48,7 @@ _KEEP_MARKS = 3600.0     # forget cancel marks of jobs that never arrived after 
 _SPECS: OrderedDict[int, tuple[bytes, tuple[Job, str | None, str]]] = OrderedDict()
 _KEEP_SPECS = 512
 #: Answers up to this size are pushed to the driver with the start/result events.
-_PUSH_BYTES = 64 << 10
+_PUSH_BYTES = 8 << 10     # (the scheduler keeps a topic's last 1,000 events)
 
 
 def mark_cancelled(keys: list[str]) -> int:
