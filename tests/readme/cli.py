@@ -57,3 +57,12 @@ def usage(section_text: str, command: str) -> list[str]:
         if words[1] == command:
             return words
     raise LookupError(f"no `pipeline {command} ...` in the section")
+
+
+def local_model() -> bool:
+    """Whether the local model (SmolLM2 through the local-model extra) is installed."""
+    try:
+        from ledgerflow_agents.local import available
+    except ImportError:
+        return False
+    return available()

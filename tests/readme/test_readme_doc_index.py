@@ -82,18 +82,10 @@ def test_doc_qa_on_the_minilm_index_as_written(folder: Path) -> None:
     assert (cited[-1][0], int(cited[-1][1])) in _chunks(folder / "my.duckdb"), cited
 
 
-def _local_available() -> bool:
-    try:
-        from ledgerflow_agents.local import available
-    except ImportError:
-        return False
-    return available()
-
-
 @pytest.mark.slow
 @pytest.mark.local_model
 @pytest.mark.timeout(1800)          # the minilm index, then SmolLM2 on a loaded 2-core machine
-@pytest.mark.skipif(not _local_available(), reason="local model not installed; run ./dev setup")
+@pytest.mark.skipif(not cli.local_model(), reason="local model not installed; run ./dev setup")
 def test_doc_qa_with_the_local_model_cites_a_chunk_of_the_minilm_index(folder: Path) -> None:
     (ask, _), _ = _qa_block()
     for i in range(len(ask) - 1, 0, -1):                        # the README's model, if any

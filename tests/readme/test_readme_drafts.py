@@ -67,18 +67,10 @@ def test_a_draft_is_validated_approved_by_digest_and_run(tmp_path: Path) -> None
     assert (here / "out" / "total.txt").read_text() == "110"     # 2 + 4 + ... + 20
 
 
-def _local_available() -> bool:
-    try:
-        from ledgerflow_agents.local import available
-    except ImportError:
-        return False
-    return available()
-
-
 @pytest.mark.slow
 @pytest.mark.local_model
 @pytest.mark.timeout(1200)
-@pytest.mark.skipif(not _local_available(), reason="local model not installed; run ./dev setup")
+@pytest.mark.skipif(not cli.local_model(), reason="local model not installed; run ./dev setup")
 def test_the_draft_line_as_written_on_the_local_model(tmp_path: Path) -> None:
     """The local model's draft always fits the schema (README: 7 of 10 validate): it is written
     with its header, and ``validate`` gives the same verdict as ``draft`` did."""
