@@ -114,8 +114,9 @@ def who() -> str:
 # -- what an approver sees: values rendered, bounded, secrets masked ------------------------
 
 #: Argument and payload keys whose values are never shown (matched in the key's name).
-SECRET_NAME = re.compile(r"pass(word|wd)?|secret|token|credential|auth|api[_-]?key|"
-                         r"private[_-]?key|(^|[_-])key$|cookie|session", re.IGNORECASE)
+SECRET_NAME = re.compile(r"pass(word|wd)?|secret|token|credential|authorization|^auth$|"
+                         r"(api|access|private|signing)[_-]?key|^key$|cookie|session",
+                         re.IGNORECASE)
 MASK: Final = "***"
 #: How long one rendered value may be.
 VALUE_LIMIT: Final = 200

@@ -14,7 +14,7 @@ import json
 import threading
 from typing import Any
 
-from . import deciding
+from . import deciding, gates
 from ._gc import quiet_gc
 from .errors import InputError, NotResumableError, RunEndedError
 from .launch import (
@@ -292,8 +292,9 @@ def export_lineage(run: Run, fmt: str, path: str) -> int | None:
 
 
 def runs(*, store: StoreArg = None, limit: int = 50) -> list[RunView]:
-    """The newest runs in the ledger."""
-    return open_ledger(store).list_runs(limit)
+    """The newest runs in the ledger (a waiting run as readers see it: deadlines applied)."""
+    st = open_ledger(store)
+    return gates.listed(st, st.list_runs(limit))
 
 
 def approvals(run_id: str | None = None, *, store: StoreArg = None,

@@ -50,7 +50,14 @@ from .errors import (
 )
 from .identity import decider
 from .records import ApprovalDecided, ApprovalRequested
-from .states import PENDING_APPROVAL, REFUSED, ApprovalState, TaskState, approval_transition
+from .states import (
+    PENDING_APPROVAL,
+    REFUSED,
+    ApprovalState,
+    RunState,
+    TaskState,
+    approval_transition,
+)
 from .store import RunStore
 from .task import MapRef, TaskRef
 from .views import RunView
@@ -360,7 +367,26 @@ def overlay(view: RunView, approvals: list[dict[str, Any]]) -> RunView:
             state, reason = refusal({**r, "decision": r["state"]})
             row.state = state.value
             row.error = f"{reason}; applied when the run is resumed"
+    if view.state == RunState.WAITING and view.tasks and not any(
+            t.state == TaskState.WAITING_APPROVAL for t in view.tasks.values()):
+        # nothing is pending and every open gate was refused: the run's next driver
+        # fails it (a run waits only when nothing but its gates can move)
+        view.state = RunState.FAILED.value
+        view.reason = "its approval requests were refused or expired; applied when the " \
+            "run is resumed"
     return view
+
+
+def listed(st: RunStore, views: list[RunView]) -> list[RunView]:
+    """A listing of runs as readers see them: a ``waiting`` run whose requests all
+    expired or were refused reads as :func:`overlay` shows it (deadlines applied)."""
+    for v in views:
+        if v.state == RunState.WAITING:
+            full = st.get_run(v.run_id)
+            apply_deadlines(st, v.run_id)
+            overlay(full, st.approvals(v.run_id))
+            v.state, v.reason = full.state, full.reason
+    return views
 
 
 def _request(st: RunStore, run_id: str, task_key: str) -> dict[str, Any]:
