@@ -43,6 +43,11 @@ def default_cap() -> int:
 _cap = DEFAULT_CAP
 
 
+_NONE: list[str] = []            # shared, never written: an attempt's head before it wrote
+_NO_TAIL: deque[str] = deque()
+_first_write = threading.Lock()
+
+
 class AttemptOutput:
     """The captured output of one attempt: head and tail within a cap."""
 
@@ -52,20 +57,31 @@ class AttemptOutput:
     def __init__(self, key: str, *, cap: int | None = None, echo: bool = False) -> None:
         self.key = key
         self.half = (cap or _cap) // 2
-        self.head: list[str] = []
+        #: the buffers and their lock are made on the first write (most attempts write
+        #: nothing): ``head`` is falsy until something was kept
+        self.head: list[str] = _NONE
         self.size = 0                       # characters kept in head
-        self.tail: deque[str] = deque()
+        self.tail: deque[str] = _NO_TAIL
         self.tail_size = 0
         self.dropped = 0
         self.echo = echo
         self.partial = ""
-        self._lock = threading.Lock()
+        self._lock: threading.Lock | None = None
+
+    def _buffers(self) -> threading.Lock:
+        """Make the buffers and the lock, once (the first write)."""
+        with _first_write:
+            if self._lock is None:
+                self.head = []
+                self.tail = deque()
+                self._lock = threading.Lock()
+            return self._lock
 
     def write(self, text: str) -> None:
         """Add ``text`` (thread-safe)."""
         if not text:
             return
-        with self._lock:
+        with self._lock or self._buffers():
             room = self.half - self.size
             if room > 0:
                 self.head.append(text[:room])
@@ -88,7 +104,7 @@ class AttemptOutput:
 
     def text(self) -> str:
         """Everything kept, with a marker where the middle was dropped."""
-        if not self.head:
+        if not self.head or self._lock is None:
             return ""
         with self._lock:
             head = "".join(self.head)

@@ -252,8 +252,37 @@ def step_value(kind: str, text: str) -> object:
     return decode(kind, text.encode() if kind == "json" else base64.b64decode(text))
 
 
+class Deferred:
+    """A task's context not built yet: :func:`context` builds it on the first call.
+
+    Most tasks never ask for their context; an attempt sets one of these
+    (a subclass that defines :meth:`build`) and pays for a :class:`RunContext`
+    only if the task asks. ``ctx`` is the context once built, else None.
+    """
+
+    __slots__ = ("ctx",)
+
+    def __init__(self) -> None:
+        self.ctx: RunContext | None = None
+
+    def build(self) -> RunContext:
+        """Make the context (called once, on first use)."""
+        raise NotImplementedError
+
+    def get(self) -> RunContext:
+        """The context, built now if it was not yet."""
+        ctx = self.ctx
+        if ctx is None:
+            with _BUILDING:     # threads that copied the task's context may ask at once
+                ctx = self.ctx
+                if ctx is None:
+                    ctx = self.ctx = self.build()
+        return ctx
+
+
+_BUILDING = threading.Lock()
 _LOCAL = threading.local()
-_current_task: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(
+_current_task: contextvars.ContextVar[RunContext | Deferred | None] = contextvars.ContextVar(
     "ledgerflow_task", default=None)
 #: The pipeline body being traced, if any (read on every task call: keep it cheap).
 current_build: contextvars.ContextVar[Build | None] = contextvars.ContextVar(
@@ -264,15 +293,18 @@ def context() -> RunContext:
     """Return the context of the running task (a local one outside a run)."""
     ctx = _current_task.get()
     if ctx is None:
-        ctx = getattr(_LOCAL, "ctx", None)
-        if ctx is None:
-            ctx = _LOCAL.ctx = RunContext()
+        local: RunContext | None = getattr(_LOCAL, "ctx", None)
+        if local is None:
+            local = _LOCAL.ctx = RunContext()
+        return local
+    if isinstance(ctx, Deferred):
+        return ctx.get()
     return ctx
 
 
-def run_in_context(ctx: RunContext, fn: Callable[..., Any], args: tuple[Any, ...],
+def run_in_context(ctx: RunContext | Deferred, fn: Callable[..., Any], args: tuple[Any, ...],
                    kwargs: dict[str, Any]) -> Any:
-    """Call ``fn`` with ``ctx`` as the current task context."""
+    """Call ``fn`` with ``ctx`` (or the context it builds) as the current task context."""
     token = _current_task.set(ctx)
     try:
         return fn(*args, **kwargs)

@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from . import capture
 from .approval import ApprovalNeeded
-from .context import RunContext, TaskCancelled, TaskTimedOut, run_in_context
+from .context import Deferred, RunContext, TaskCancelled, TaskTimedOut, run_in_context
 from .errors import NotResumableError
 from .results import Encoded, encode
 from .states import Outcome
@@ -187,6 +187,26 @@ def runs_in_driver(executor: object) -> bool:
     return bool(getattr(executor, "runs_in_driver", False))
 
 
+class _Context(Deferred):
+    """The context of one attempt, built only if the task asks (``context()``)."""
+
+    __slots__ = ("cancel", "job")
+
+    def __init__(self, job: Job, cancel: Callable[[], bool] | None) -> None:
+        self.ctx = None
+        self.job = job
+        self.cancel = cancel
+
+    def build(self) -> RunContext:
+        job = self.job
+        return RunContext(run_id=job.run_id, task_key=job.task_key, attempt=job.attempt,
+                          _idempotency_key=job.idempotency_key, _cancel=self.cancel,
+                          code_version=job.code_version, _approvals=job.approvals,
+                          _steps=dict(job.steps),
+                          ledger_folder=job.ledger_folder, run_folder=job.run_folder,
+                          carrier=None if job.carrier is None else dict(job.carrier.headers))
+
+
 def execute(job: Job, cancel: Callable[[], bool] | None = None, *,
             keep_value: bool = True) -> Completion:
     """Run ``job`` here and now; never raises (outcomes carry the errors).
@@ -196,36 +216,31 @@ def execute(job: Job, cancel: Callable[[], bool] | None = None, *,
     outcome ``error`` and not retried unless ``retry_on`` names them.
 
     What the attempt writes to stdout, stderr and ``logging`` is captured into
-    the Completion (:mod:`ledgerflow.capture`).
+    the Completion (:mod:`ledgerflow.capture`). The attempt pays only for what
+    it uses: its :class:`~ledgerflow.context.RunContext` is built on the first
+    ``context()`` call, and the capture keeps no buffers until something is written.
     """
     out, token = capture.start(job.task_key, echo=job.echo)
+    lazy = _Context(job, cancel)
     try:
-        c = _execute(job, cancel, keep_value)
+        c = _attempt(job, lazy, keep_value)
     finally:
         capture.stop(out, token)
+    ctx = lazy.ctx
+    if ctx is not None:     # the task asked for its context: what it recorded there
+        c.lineage = ctx.lineage
+        c.steps = ctx.steps_done
+        c.model_calls = ctx.model_calls
+        c.tool_calls = ctx.tool_calls
+        c.notices = ctx.notices
     if out.head:
         c.log = out.text()
         c.log_dropped = out.dropped
     return c
 
 
-def _execute(job: Job, cancel: Callable[[], bool] | None, keep_value: bool) -> Completion:
-    """One attempt in a fresh context (what :func:`execute` captures the output of)."""
-    ctx = RunContext(run_id=job.run_id, task_key=job.task_key, attempt=job.attempt,
-                     _idempotency_key=job.idempotency_key, _cancel=cancel,
-                     code_version=job.code_version, _approvals=job.approvals,
-                     _steps=dict(job.steps),
-                     ledger_folder=job.ledger_folder, run_folder=job.run_folder,
-                     carrier=None if job.carrier is None else dict(job.carrier.headers))
-    c = _attempt(job, ctx, keep_value)
-    c.steps = ctx.steps_done
-    c.model_calls = ctx.model_calls
-    c.tool_calls = ctx.tool_calls
-    c.notices = ctx.notices
-    return c
-
-
-def _attempt(job: Job, ctx: RunContext, keep_value: bool) -> Completion:
+def _attempt(job: Job, ctx: _Context, keep_value: bool) -> Completion:
+    """One attempt with ``ctx`` as its (deferred) context; lineage etc. added by the caller."""
     started = time.time()
     fn = job.fn
     inner = getattr(fn, "_plain", None)     # a Task: call its function directly
@@ -237,42 +252,39 @@ def _attempt(job: Job, ctx: RunContext, keep_value: bool) -> Completion:
             value = run_in_context(ctx, inner or fn, job.args, job.kwargs)
     except TaskCancelled:
         return Completion(job.id, _CANCELLED, started_at=started, ended_at=time.time(),
-                          lineage=ctx.lineage, has_value=False)
+                          has_value=False)
     except ApprovalNeeded as need:   # stopped at an in-task gate: runs again once decided
         return Completion(job.id, _WAITING, error_type="ApprovalNeeded",
                           error_message=f"waiting for approval of {need.action!r}",
-                          started_at=started, ended_at=time.time(), lineage=ctx.lineage,
+                          started_at=started, ended_at=time.time(),
                           has_value=False, approval=need.request())
     except TaskTimedOut as exc:     # no error object: a timeout is retried by policy
         return Completion(job.id, _TIMEOUT, error_type="TaskTimedOut",
                           error_message=str(exc)[:2000] or "the task timed out",
-                          started_at=started, ended_at=time.time(), lineage=ctx.lineage,
-                          has_value=False)
+                          started_at=started, ended_at=time.time(), has_value=False)
     except Exception as exc:
         return Completion(job.id, _ERROR, error=exc, error_type=type(exc).__name__,
                           error_message=str(exc)[:2000],
                           traceback="".join(traceback.format_exception(exc))[-8000:],
-                          started_at=started, ended_at=time.time(), lineage=ctx.lineage,
-                          has_value=False)
+                          started_at=started, ended_at=time.time(), has_value=False)
     except BaseException as exc:    # SystemExit, KeyboardInterrupt, GeneratorExit, ...
         # user code ends its attempt, never the worker or the driver: an ``error``
         # that is not retryable (``retry_on`` names Exception subclasses by default)
         return Completion(job.id, _ERROR, error=exc, error_type=type(exc).__name__,
                           error_message=_base_message(exc),
                           traceback="".join(traceback.format_exception(exc))[-8000:],
-                          started_at=started, ended_at=time.time(), lineage=ctx.lineage,
-                          has_value=False)
+                          started_at=started, ended_at=time.time(), has_value=False)
     try:
         enc = encode(value)
     except Exception as exc:
         return Completion(job.id, _ERROR, error=exc, error_type=type(exc).__name__,
                           error_message=f"result could not be serialised: {exc}",
                           traceback="".join(traceback.format_exception(exc))[-8000:],
-                          started_at=started, ended_at=time.time(), lineage=ctx.lineage,
-                          has_value=False)
-    return Completion(job.id, _OK, value=value if keep_value else None, encoded=enc,
-                      started_at=started, ended_at=time.time(), lineage=ctx.lineage,
-                      has_value=keep_value)
+                          started_at=started, ended_at=time.time(), has_value=False)
+    if keep_value:
+        return Completion(job.id, _OK, value, enc, started_at=started, ended_at=time.time())
+    return Completion(job.id, _OK, None, enc, started_at=started, ended_at=time.time(),
+                      has_value=False)
 
 
 def _base_message(exc: BaseException) -> str:

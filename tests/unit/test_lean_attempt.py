@@ -1,0 +1,86 @@
+"""The lean attempt path: a task's context is built on first use, its output kept only
+when written, and what it records either way reaches the attempt's report."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+from typing import Any
+
+from ledgerflow import context
+from ledgerflow.executor import Job, execute
+
+
+def _job(fn: Any, *args: Any, **kw: Any) -> Job:
+    return Job(id=7, run_id="run-1", task_key="t[3]", attempt=2, fn=fn, args=args,
+               kwargs={}, code_version="v9", steps=kw.pop("steps", {}), **kw)
+
+
+def test_a_plain_task_reports_its_value_and_no_output_or_records() -> None:
+    c = execute(_job(lambda x: x + 1, 41))
+    assert (c.outcome, c.value, c.encoded is not None) == ("ok", 42, True)
+    assert (c.log, c.log_dropped, c.lineage, c.steps, c.notices) == ("", 0, [], [], [])
+
+
+def test_context_asked_late_is_the_attempts_own_and_the_same_each_time() -> None:
+    def task() -> tuple[Any, ...]:
+        a, b = context(), context()
+        return a is b, a.run_id, a.task_key, a.attempt, a.code_version, a.cancel_requested
+
+    c = execute(_job(task), lambda: True)
+    assert c.value == (True, "run-1", "t[3]", 2, "v9", True)
+
+
+def test_what_a_task_records_through_its_context_is_reported() -> None:
+    def task() -> int:
+        ctx = context()
+        ctx.record_input("file:///in.csv", "h1")
+        ctx.notice("note", "looked twice")
+        return ctx.step("fetch", lambda: 5) + ctx.step("again", lambda: 1)
+
+    c = execute(_job(task, steps={"again": ("json", "10")}))
+    assert c.value == 15        # the recorded step "again" is replayed, "fetch" runs
+    assert c.lineage == [("input", "file:///in.csv", "h1", {})]
+    assert [s[0] for s in c.steps] == ["fetch"]
+    assert [(k, m) for k, m, _ in c.notices] == [("note", "looked twice")]
+
+
+def test_a_thread_with_the_tasks_context_records_into_the_same_attempt() -> None:
+    def task() -> str:
+        def worker(i: int) -> None:
+            context().record_output(f"file:///out{i}")
+            print(f"line {i}")
+        threads = [threading.Thread(target=contextvars.copy_context().run, args=(worker, i))
+                   for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return context().task_key
+
+    c = execute(_job(task))
+    assert c.value == "t[3]"
+    assert sorted(uri for _, uri, _, _ in c.lineage) == [f"file:///out{i}" for i in range(4)]
+    assert sorted(c.log.splitlines()) == [f"line {i}" for i in range(4)]
+
+
+def test_output_and_logging_are_captured_only_for_the_attempt_that_wrote() -> None:
+    def noisy() -> None:
+        print("hello")
+        logging.getLogger("lean.test").warning("careful")
+
+    loud = execute(_job(noisy))
+    quiet = execute(_job(lambda: None))
+    assert loud.log == "hello\nWARNING lean.test: careful\n"
+    assert quiet.log == ""
+
+
+def test_a_failing_task_that_asked_for_its_context_keeps_its_lineage() -> None:
+    def task() -> None:
+        context().record_input("file:///x")
+        raise SystemExit(3)
+
+    c = execute(_job(task))
+    assert (c.outcome, c.error_type) == ("error", "SystemExit")
+    assert c.lineage == [("input", "file:///x", None, {})]
