@@ -12,10 +12,10 @@ import threading
 from collections.abc import Sequence
 from typing import Final
 
-from ledgerflow.records import Notice, Record, RunDefined, RunStateChanged, Transition
+from ledgerflow.records import Notice, Record, RunStateChanged, Transition
 from ledgerflow.store import RunStore
 
-from ._runs import RunTracker
+from ._runs import TRACKERS
 from .genai import usage_rows
 
 Labels = tuple[str, ...]
@@ -98,15 +98,10 @@ class Counting:
 
     def __init__(self) -> None:
         self.metrics = Metrics()
-        self.runs: dict[str, RunTracker] = {}
 
     def committed(self, run_id: str, records: Sequence[Record], store: RunStore) -> None:
-        tracker = self.runs.get(run_id)
-        if tracker is None:
-            fresh = any(type(r) is RunDefined for r in records)
-            tracker = RunTracker(run_id) if fresh else RunTracker.from_store(run_id, store)
-            self.runs[run_id] = tracker
-        ended = tracker.apply(records)
+        commit = TRACKERS.commit(self, run_id, records, store)
+        tracker, ended = commit.tracker, commit.ended
         p = tracker.pipeline
         m = self.metrics
         tasks = tracker.tasks
@@ -116,9 +111,9 @@ class Counting:
                     to = rec.to_state
                     m.inc("ledgerflow_task_transitions", (p, to))
                     if to == "retry_wait":
-                        m.inc("ledgerflow_task_retries", (p, tasks[rec.task_key].name))
+                        m.inc("ledgerflow_task_retries", (p, tasks[rec.task_key].task_name))
                     elif to == "succeeded" and rec.from_state == "ready":
-                        m.inc("ledgerflow_cache_hits", (p, tasks[rec.task_key].name))
+                        m.inc("ledgerflow_cache_hits", (p, tasks[rec.task_key].task_name))
                 elif isinstance(rec, Notice):
                     kind = _REJECTED.get(rec.kind)
                     if kind is not None:
@@ -126,7 +121,7 @@ class Counting:
                 elif isinstance(rec, RunStateChanged) and rec.state in _TERMINAL_RUN:
                     m.inc("ledgerflow_runs_finished", (p, rec.state))
             for end in ended:
-                name = end.task.name
+                name = end.task.task_name
                 begun = end.started_at or end.running_at
                 if begun:
                     m.observe("ledgerflow_attempt_duration_seconds", (p, name, end.outcome),
@@ -145,4 +140,4 @@ class Counting:
                         m.inc("ledgerflow_model_cost_usd", who, float(row["cost_usd"]))
 
     def finish(self, run_id: str) -> None:
-        self.runs.pop(run_id, None)
+        TRACKERS.finish(self, run_id)

@@ -27,6 +27,7 @@ from openlineage.client.uuid import generate_static_uuid
 
 import ledgerflow
 from ledgerflow.store import RunStore
+from ledgerflow.views import TaskRow
 
 from ._olfacets import (
     PRODUCER,
@@ -37,7 +38,7 @@ from ._olfacets import (
     LedgerflowTaskRunFacet,
 )
 from ._olnames import Namer, dataset_of
-from ._runs import Artifact, Ended, Reused, TaskInfo, attempts_of
+from ._runs import Artifact, Ended, Reused, attempts_of
 from .genai import usage_rows
 
 #: What the event builders read of a run (a tracker, or a snapshot of one).
@@ -98,18 +99,17 @@ def _parent_facet(namespace: str, pipeline: str, parent_id: str) -> parent_run.P
                                                     name=namer.pipeline)))
 
 
-def _task_job(namer: Namer, info: TaskInfo) -> Job:
-    return _job(namer.namespace, namer.job(info), info.name, info.code_version)
+def _task_job(namer: Namer, info: TaskRow) -> Job:
+    return _job(namer.namespace, namer.job(info), info.task_name, info.code_version)
 
 
 @functools.lru_cache(maxsize=4096)
 def _job(namespace: str, name: str, task: str, code_version: str) -> Job:
-    info = TaskInfo(task, name=task, code_version=code_version)
     return Job(namespace=namespace, name=name, facets={
         "jobType": job_type_job.JobTypeJobFacet(producer=PRODUCER, processingType="BATCH",
                                                 integration="LEDGERFLOW", jobType="TASK"),
-        "ledgerflow_code": LedgerflowCodeJobFacet(producer=PRODUCER, task=info.name,
-                                                  codeVersion=info.code_version or None)})
+        "ledgerflow_code": LedgerflowCodeJobFacet(producer=PRODUCER, task=task,
+                                                  codeVersion=code_version or None)})
 
 
 def _inputs(namer: Namer, ups: Sequence[tuple[str, str | None]],
@@ -151,7 +151,7 @@ def _usage(artifacts: Iterable[Artifact]) -> LedgerflowModelUsageRunFacet | None
         outputTokens=sum(m["outputTokens"] for m in models), models=models, costUsd=cost)
 
 
-def start_event(namer: Namer, tracker: Facts, info: TaskInfo, attempt: int,
+def start_event(namer: Namer, tracker: Facts, info: TaskRow, attempt: int,
                 ts: float) -> RunEvent:
     """START of an attempt, at its ``running`` commit."""
     parent = run_uuid(tracker)
@@ -197,7 +197,7 @@ def end_event(namer: Namer, tracker: Facts, end: Ended) -> RunEvent:
         inputs=_inputs(namer, tracker.upstream_results(info), end.artifacts), outputs=outputs)
 
 
-def cached_events(namer: Namer, tracker: Facts, info: TaskInfo, attempt: int,
+def cached_events(namer: Namer, tracker: Facts, info: TaskRow, attempt: int,
                   ts: float, artifacts: Sequence[Artifact] = ()) -> list[RunEvent]:
     """START and COMPLETE of a task whose result was reused (a cache hit), at that time,
     with the datasets of the attempt it reuses (``artifacts``)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._runs import TaskInfo
+from ledgerflow.views import TaskRow
 
 #: Object stores: the namespace is ``scheme://bucket``, the name the object key (no
 #: leading slash); ``gcs`` is written ``gs``, ``s3a``/``s3n`` are ``s3`` (the same objects).
@@ -65,6 +65,6 @@ class Namer:
     def result(self, key: str) -> str:
         return f"{self.pipeline}/{key}"
 
-    def job(self, info: TaskInfo) -> str:
+    def job(self, info: TaskRow) -> str:
         return f"{self.pipeline}.{info.node or info.key}"
 

@@ -26,11 +26,12 @@ from openlineage.client.transport.transport import Config, Transport
 from ledgerflow.errors import InputError
 from ledgerflow.records import AttemptEnded, Record, RunDefined, RunStateChanged, Transition
 from ledgerflow.store import RunStore
+from ledgerflow.views import TaskRow
 
 from ._olevents import TERMINAL_RUN, cached_events, end_event, events_of, run_event, start_event
 from ._olfacets import CUSTOM_FACETS
 from ._olnames import Namer
-from ._runs import Artifact, Reused, RunTracker, TaskInfo
+from ._runs import TRACKERS, Artifact, Reused, RunTracker
 
 __all__ = ["CUSTOM_FACETS", "Emitter", "Lineage", "backfill", "client_for"]
 
@@ -146,15 +147,14 @@ class Lineage:
 
     def committed(self, run_id: str, records: Sequence[Record], store: RunStore) -> None:
         """Queue the events of one commit (built and emitted in the emitter's thread)."""
+        commit = TRACKERS.commit(self, run_id, records, store)
+        tracker, ended = commit.tracker, commit.ended
         run = self.runs.get(run_id)
         fresh = any(type(r) is RunDefined for r in records)
         if run is None:
-            tracker = RunTracker(run_id) if fresh else RunTracker.from_store(run_id, store)
             # a submitted run driven for the first time: its START was not emitted yet
-            fresh = fresh or not tracker.tasks
+            fresh = fresh or commit.first
             run = self.runs[run_id] = _Run(tracker, Namer(self.namespace, ""), Reused(store))
-        tracker = run.tracker
-        ended = tracker.apply(records)
         run.namer.pipeline = tracker.pipeline
         namer = run.namer
         jobs: list[Callable[[], list[RunEvent]]] = []
@@ -185,14 +185,18 @@ class Lineage:
     def finish(self, run_id: str) -> None:
         """The run stopped driving: wait until its events are out."""
         self.runs.pop(run_id, None)
+        TRACKERS.finish(self, run_id)
         self.emitter.drain()
 
     def close(self) -> None:
         """Emit what is queued and close the client."""
+        for run_id in list(self.runs):
+            TRACKERS.finish(self, run_id)
+        self.runs.clear()
         self.emitter.close()
 
 
-def _reused(run: _Run, info: TaskInfo) -> list[Artifact]:
+def _reused(run: _Run, info: TaskRow) -> list[Artifact]:
     """The datasets a cache hit keeps (read in the driver: stores are not shared with the
     emitter's thread); a read that fails costs the datasets, never the run."""
     try:
@@ -229,5 +233,5 @@ class _Frozen:
             tracker.target
         self.ups = ups
 
-    def upstream_results(self, info: TaskInfo) -> list[tuple[str, str | None]]:
+    def upstream_results(self, info: TaskRow) -> list[tuple[str, str | None]]:
         return self.ups

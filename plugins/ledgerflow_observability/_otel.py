@@ -21,8 +21,9 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 import ledgerflow
 from ledgerflow.records import Notice, Record, RunDefined, RunStateChanged, Transition
 from ledgerflow.store import RunStore
+from ledgerflow.views import TaskRow
 
-from ._runs import Ended, RunTracker, TaskInfo
+from ._runs import TRACKERS, Ended, RunTracker
 from ._settings import otel_enabled
 from .genai import GenAICall
 
@@ -257,13 +258,11 @@ class Tracing:
 
     def committed(self, run_id: str, records: Sequence[Record], store: RunStore) -> None:
         """Turn one commit's records into span starts, events and ends."""
+        commit = TRACKERS.commit(self, run_id, records, store)
+        tracker, ended = commit.tracker, commit.ended
         run = self.runs.get(run_id)
         if run is None:
-            fresh = any(type(r) is RunDefined for r in records)
-            tracker = RunTracker(run_id) if fresh else RunTracker.from_store(run_id, store)
             run = self.runs[run_id] = _Run(tracker)
-        tracker = run.tracker
-        ended = tracker.apply(records)
         if run.root is None:
             self._start_root(run, records)
         opened = run.open
@@ -314,19 +313,19 @@ class Tracing:
         run.root = root
         run.root_ctx = trace.set_span_in_context(root)
 
-    def _attrs(self, run: _Run, info: TaskInfo, attempt: int) -> dict[str, Any]:
+    def _attrs(self, run: _Run, info: TaskRow, attempt: int) -> dict[str, Any]:
         attrs: dict[str, Any] = {"ledgerflow.run_id": run.tracker.run_id,
                                  "ledgerflow.pipeline": run.tracker.pipeline,
                                  "ledgerflow.task_key": info.key,
-                                 "ledgerflow.task_name": info.name,
+                                 "ledgerflow.task_name": info.task_name,
                                  "ledgerflow.attempt": attempt,
                                  "ledgerflow.code_version": info.code_version}
         if info.item_key is not None:
             attrs["ledgerflow.item_key"] = info.item_key
         return attrs
 
-    def _start_attempt(self, run: _Run, info: TaskInfo, attempt: int, ts: float) -> Span:
-        span: Span = self.tracer.start_span(f"task {info.name}", context=run.root_ctx,
+    def _start_attempt(self, run: _Run, info: TaskRow, attempt: int, ts: float) -> Span:
+        span: Span = self.tracer.start_span(f"task {info.task_name}", context=run.root_ctx,
                                       kind=SpanKind.INTERNAL, start_time=_ns(ts),
                                       attributes=self._attrs(run, info, attempt))
         span.add_event("running", {"ledgerflow.reason": f"attempt {attempt}"},
@@ -334,14 +333,14 @@ class Tracing:
         run.open[(info.key, attempt)] = span
         return span
 
-    def _cache_hit(self, run: _Run, info: TaskInfo, e: Transition) -> None:
+    def _cache_hit(self, run: _Run, info: TaskRow, e: Transition) -> None:
         attrs = self._attrs(run, info, e.attempt)
         attrs.update({"ledgerflow.outcome": "cached", "ledgerflow.cache_hit": True,
                       "ledgerflow.cached_from": info.cached_from or "",
                       "ledgerflow.content_hash": info.result_hash or ""})
         if info.fingerprint:
             attrs["ledgerflow.fingerprint"] = info.fingerprint
-        span = self.tracer.start_span(f"task {info.name}", context=run.root_ctx,
+        span = self.tracer.start_span(f"task {info.task_name}", context=run.root_ctx,
                                       kind=SpanKind.INTERNAL, start_time=_ns(e.ts),
                                       attributes=attrs)
         span.add_event("succeeded", {"ledgerflow.from_state": "ready",
@@ -406,6 +405,7 @@ class Tracing:
     def finish(self, run_id: str, state: str) -> None:
         """The run stopped driving: end its spans (``interrupted``: with an error)."""
         run = self.runs.pop(run_id, None)
+        TRACKERS.finish(self, run_id)
         if run is not None and (run.root is not None or run.open):
             self._end_root(run, state, "the driver stopped" if state == "interrupted" else "")
 

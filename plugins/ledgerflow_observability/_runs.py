@@ -1,61 +1,46 @@
-"""What an observer knows of a run: its tasks and attempts, folded from committed records.
+"""What an observer knows of a run: the core's view of it, and its attempts as they end.
 
-:class:`RunTracker` folds the records of each commit
-(``ledgerflow_records_committed``) into the little the observers need
-(task names, code versions, upstream keys, result hashes, when each attempt
-started) and hands back each attempt that ended in the commit with its
-result and lineage. A resumed run starts from what the store holds
-(:meth:`RunTracker.from_store`); a backfill builds the same from a finished
-run (:func:`attempts_of`). No observability library is imported here.
+:class:`RunTracker` keeps the run as the core's projection folds it (a
+:class:`~ledgerflow.views.RunView`, each commit's records applied with
+:func:`ledgerflow.projection.apply`; a resumed run starts from the store's
+view, :meth:`RunTracker.from_store`) and adds only what the view does not
+hold: when each attempt started and the ``ready`` before it, the children of
+each fan-out, and each attempt that ended in a commit with its result and
+lineage (:class:`Ended`). The observers of a process share one tracker per
+run (:data:`TRACKERS`): each commit is folded once, by whichever observer
+sees it first. A backfill builds the same from a finished run
+(:func:`attempts_of`). No observability library is imported here.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ledgerflow.projection import apply as fold
 from ledgerflow.records import (
     ArtifactRecorded,
     AttemptEnded,
     Record,
     ResultRecorded,
     RunDefined,
-    RunStateChanged,
     TaskCreated,
     Transition,
 )
 from ledgerflow.store import RunStore
-from ledgerflow.views import RunView
+from ledgerflow.views import RunView, TaskRow
 
 #: An artifact of one attempt: (direction, uri, content hash, attrs).
 Artifact = tuple[str, str, "str | None", dict[str, str]]
 
 
 @dataclass(slots=True)
-class TaskInfo:
-    """One task as the observers see it."""
-
-    key: str
-    name: str = ""
-    node: str = ""
-    item_key: str | None = None
-    position: int | None = None
-    upstream: Sequence[str] = ()
-    code_version: str = ""
-    state: str = ""
-    ready_at: float | None = None
-    result_hash: str | None = None
-    result_attempt: int = 0
-    fingerprint: str | None = None
-    cached_from: str | None = None
-
-
-@dataclass(slots=True)
 class Ended:
     """An attempt that ended, with what it produced (the same live and in a backfill)."""
 
-    task: TaskInfo
+    task: TaskRow
     attempt: int
     outcome: str
     running_at: float | None       # its ``running`` transition
@@ -73,94 +58,104 @@ class Ended:
 class RunTracker:
     """The observers' picture of one run (see the module docstring)."""
 
-    __slots__ = ("children", "created_at", "pipeline", "readied", "run_id", "running",
-                 "state", "target", "tasks")
+    __slots__ = ("children", "readied", "ready_at", "running", "view")
 
-    def __init__(self, run_id: str) -> None:
-        self.run_id = run_id
-        self.pipeline = ""
-        self.target: str | None = None
-        self.created_at = 0.0
-        self.state = ""
-        self.tasks: dict[str, TaskInfo] = {}
+    def __init__(self, run_id: str, view: RunView | None = None) -> None:
+        self.view: RunView = view if view is not None else RunView(run_id, state="")
         self.children: dict[str, list[tuple[int, str]]] = {}
-        #: (task, attempt) -> time of its running transition / of the ready before it
+        #: task -> time of its last ``ready``; (task, attempt) -> time of its running
+        #: transition / of the ready before it
+        self.ready_at: dict[str, float] = {}
         self.running: dict[tuple[str, int], float] = {}
         self.readied: dict[tuple[str, int], float] = {}
+        for row in self.view.tasks.values():
+            if row.position is not None:
+                self.children.setdefault(row.node, []).append((row.position, row.key))
+
+    # what the event builders read of the run
+    @property
+    def run_id(self) -> str:
+        return self.view.run_id
+
+    @property
+    def pipeline(self) -> str:
+        return self.view.pipeline
+
+    @property
+    def target(self) -> str | None:
+        return self.view.target
+
+    @property
+    def created_at(self) -> float:
+        return self.view.created_at
+
+    @property
+    def state(self) -> str:
+        return self.view.state
+
+    @property
+    def tasks(self) -> dict[str, TaskRow]:
+        return self.view.tasks
 
     @classmethod
     def from_store(cls, run_id: str, store: RunStore) -> RunTracker:
         """The run as the store holds it (a resume: what earlier drives recorded)."""
-        tracker = cls(run_id)
-        tracker.seed(store.get_run(run_id), store.events(run_id))
+        tracker = cls(run_id, store.get_run(run_id))
+        tracker.seed(store.events(run_id))
         return tracker
 
-    def seed(self, view: RunView, events: Iterable[dict[str, Any]]) -> None:
-        """Take the run's tasks from ``view`` and attempt start times from ``events``."""
-        self.pipeline, self.target, self.created_at = view.pipeline, view.target, view.created_at
-        self.state = view.state
-        for row in view.tasks.values():
-            info = TaskInfo(row.key, row.task_name, row.node, row.item_key, row.position,
-                            list(row.upstream), row.code_version, row.state, None,
-                            row.result_hash, row.result_attempt, row.fingerprint,
-                            row.cached_from)
-            self._add(info)
+    def seed(self, events: Iterable[dict[str, Any]]) -> None:
+        """Take the attempts' start times from the run's transitions ``events``."""
+        ready_at = self.ready_at
         for e in events:
             key = e["task_key"]
             if e["to_state"] == "running":
                 self.running[(key, e["attempt"])] = e["ts"]
-                ready = self.tasks[key].ready_at if key in self.tasks else None
+                ready = ready_at.get(key)
                 if ready is not None:
                     self.readied[(key, e["attempt"])] = ready
-            elif e["to_state"] == "ready" and key in self.tasks:
-                self.tasks[key].ready_at = e["ts"]
+            elif e["to_state"] == "ready":
+                ready_at[key] = e["ts"]
 
-    def _add(self, info: TaskInfo) -> None:
-        self.tasks[info.key] = info
-        if info.position is not None:
-            self.children.setdefault(info.node, []).append((info.position, info.key))
-
-    def task(self, key: str) -> TaskInfo:
+    def task(self, key: str) -> TaskRow:
         """The task ``key`` (an empty one if no record named it)."""
-        info = self.tasks.get(key)
-        if info is None:
-            info = self.tasks[key] = TaskInfo(key, name=key, node=key)
-        return info
+        row = self.view.tasks.get(key)
+        if row is None:
+            row = self.view.tasks[key] = TaskRow(key, task_name=key, node=key)
+        return row
 
     def apply(self, records: Sequence[Record]) -> list[Ended]:
         """Fold one commit's records; return the attempts that ended in it."""
+        fold(self.view, records)
         ended: list[AttemptEnded] = []
         results: dict[tuple[str, int], ResultRecorded] = {}
         artifacts: dict[tuple[str, int], list[Artifact]] = {}
-        tasks = self.tasks
+        ready_at = self.ready_at
         for rec in records:
-            if isinstance(rec, Transition):
-                info = tasks.get(rec.task_key) or self.task(rec.task_key)
-                info.state = rec.to_state
-                if rec.to_state == "ready":
-                    info.ready_at = rec.ts
-                elif rec.to_state == "running":
-                    self.running[(rec.task_key, rec.attempt)] = rec.ts
-                    if info.ready_at is not None:
-                        self.readied[(rec.task_key, rec.attempt)] = info.ready_at
-            elif isinstance(rec, TaskCreated):
-                self._add(TaskInfo(rec.task_key, rec.task_name, rec.node, rec.item_key,
-                                   rec.position, rec.upstream, rec.code_version))
-            elif isinstance(rec, AttemptEnded):
-                ended.append(rec)
-            elif isinstance(rec, ResultRecorded):
-                info = self.task(rec.task_key)
-                info.result_hash, info.result_attempt = rec.content_hash, rec.attempt
-                info.fingerprint, info.cached_from = rec.fingerprint, rec.cached_from
-                results[(rec.task_key, rec.attempt)] = rec
-            elif isinstance(rec, ArtifactRecorded):
-                artifacts.setdefault((rec.task_key, rec.attempt), []).append(
-                    (rec.direction, rec.uri, rec.content_hash, dict(rec.attrs or {})))
-            elif isinstance(rec, RunDefined):
-                self.pipeline, self.target, self.created_at = (rec.pipeline, rec.target,
-                                                               rec.created_at)
-            elif isinstance(rec, RunStateChanged):
-                self.state = rec.state
+            t = type(rec)       # exact types, as the projection dispatches (the fastest)
+            if t is Transition:
+                e: Transition = rec  # type: ignore[assignment]
+                if e.to_state == "ready":
+                    ready_at[e.task_key] = e.ts
+                elif e.to_state == "running":
+                    k = (e.task_key, e.attempt)
+                    self.running[k] = e.ts
+                    ready = ready_at.get(e.task_key)
+                    if ready is not None:
+                        self.readied[k] = ready
+            elif t is AttemptEnded:
+                ended.append(rec)  # type: ignore[arg-type]
+            elif t is ResultRecorded:
+                r: ResultRecorded = rec  # type: ignore[assignment]
+                results[(r.task_key, r.attempt)] = r
+            elif t is TaskCreated:
+                c: TaskCreated = rec  # type: ignore[assignment]
+                if c.position is not None:
+                    self.children.setdefault(c.node, []).append((c.position, c.task_key))
+            elif t is ArtifactRecorded:
+                a: ArtifactRecorded = rec  # type: ignore[assignment]
+                artifacts.setdefault((a.task_key, a.attempt), []).append(
+                    (a.direction, a.uri, a.content_hash, dict(a.attrs or {})))
         out: list[Ended] = []
         for done in ended:
             k = (done.task_key, done.attempt)
@@ -175,15 +170,16 @@ class RunTracker:
                              artifacts.get(k, [])))
         return out
 
-    def upstream_results(self, info: TaskInfo) -> list[tuple[str, str | None]]:
+    def upstream_results(self, info: TaskRow) -> list[tuple[str, str | None]]:
         """``(task key, content hash)`` of the results ``info`` read, in lineage order.
 
         An upstream fan-out stands for all its children in item order (as in
         ``pipeline lineage``).
         """
+        tasks = self.view.tasks
         out: list[tuple[str, str | None]] = []
         for up in info.upstream:
-            src = self.tasks.get(up)
+            src = tasks.get(up)
             if src is not None and src.position is None:
                 out.append((up, src.result_hash))
                 continue
@@ -193,8 +189,74 @@ class RunTracker:
                     out.append((up, src.result_hash))
                 continue
             for _, key in sorted(kids):
-                out.append((key, self.tasks[key].result_hash))
+                out.append((key, tasks[key].result_hash))
         return out
+
+
+@dataclass(slots=True)
+class Commit:
+    """What one commit told the observers of a run."""
+
+    tracker: RunTracker
+    ended: list[Ended]
+    #: The run had no task before this commit (a new run, or a submitted run's first drive).
+    first: bool
+
+
+@dataclass(slots=True)
+class _Shared:
+    tracker: RunTracker
+    owners: set[int] = field(default_factory=set)
+    last: Sequence[Record] | None = None       # the commit folded last (held: ``is``)
+    commit: Commit | None = None
+
+
+class Trackers:
+    """One :class:`RunTracker` per run for every observer of this process.
+
+    Every observer's ``ledgerflow_records_committed`` gets the same records
+    object of a commit: the first to call :meth:`commit` with it folds it, the
+    others get the same :class:`Commit`. A tracker is dropped when every
+    observer that used it has called :meth:`finish`.
+    """
+
+    def __init__(self) -> None:
+        self._runs: dict[str, _Shared] = {}
+        self._lock = threading.Lock()
+
+    def commit(self, owner: object, run_id: str, records: Sequence[Record],
+               store: RunStore) -> Commit:
+        """The run after ``records`` (a resumed run starts from what ``store`` holds)."""
+        with self._lock:
+            entry = self._runs.get(run_id)
+            if entry is None:
+                fresh = any(type(r) is RunDefined for r in records)
+                tracker = RunTracker(run_id) if fresh else RunTracker.from_store(run_id, store)
+                entry = self._runs[run_id] = _Shared(tracker)
+            entry.owners.add(id(owner))
+            if entry.last is not records or entry.commit is None:
+                first = not entry.tracker.tasks
+                entry.commit = Commit(entry.tracker, entry.tracker.apply(records), first)
+                entry.last = records
+            return entry.commit
+
+    def get(self, run_id: str) -> RunTracker | None:
+        """The tracker of a run some observer follows now, or None."""
+        entry = self._runs.get(run_id)
+        return None if entry is None else entry.tracker
+
+    def finish(self, owner: object, run_id: str) -> None:
+        """``owner`` is done with the run (its drive stopped)."""
+        with self._lock:
+            entry = self._runs.get(run_id)
+            if entry is not None:
+                entry.owners.discard(id(owner))
+                if not entry.owners:
+                    del self._runs[run_id]
+
+
+#: The trackers of the runs this process drives.
+TRACKERS = Trackers()
 
 
 def _artifacts(lineage: Iterable[dict[str, Any]]) -> dict[tuple[str, int], list[Artifact]]:
@@ -235,7 +297,7 @@ class Reused:
             got = self.runs[run_id] = (by_fp, _artifacts(self.store.lineage(run_id)))
         return got
 
-    def of(self, info: TaskInfo) -> list[Artifact]:
+    def of(self, info: TaskRow) -> list[Artifact]:
         """The artifacts of the attempt ``info``'s cached result came from ([]: unknown)."""
         source, fp = info.cached_from, info.fingerprint
         for _ in range(self._HOPS):
@@ -258,12 +320,12 @@ class Reused:
 def attempts_of(view: RunView, attempts: Iterable[dict[str, Any]],
                 events: Sequence[dict[str, Any]], lineage: Iterable[dict[str, Any]],
                 reused: Reused | None = None
-                ) -> tuple[RunTracker, list[Ended], list[tuple[TaskInfo, int, float,
+                ) -> tuple[RunTracker, list[Ended], list[tuple[TaskRow, int, float,
                                                                list[Artifact]]]]:
     """A finished run as the live observers saw it: the tracker, every ended attempt,
     and every cache hit ``(task, attempt, time, artifacts)``, from the store's readers."""
-    tracker = RunTracker(view.run_id)
-    tracker.seed(view, events)
+    tracker = RunTracker(view.run_id, view)
+    tracker.seed(events)
     arts = _artifacts(lineage)
     ended: list[Ended] = []
     for a in attempts:

@@ -127,40 +127,48 @@ def startup_ms(argv: list[str], env: dict[str, str], cwd: str, repeat: int) -> f
     return statistics.median(times) * 1000
 
 
+def startup(out: dict[str, float], repeat: int) -> None:
+    """Start-up times: ``import ledgerflow`` and a 1-task run, off and with each observer."""
+    with tempfile.TemporaryDirectory() as d:
+        folder = Path(d)
+        (folder / "p.py").write_text(ONE)
+        py = [sys.executable, "-c"]
+        out["python -c pass"] = startup_ms([*py, "pass"], env_for("off", folder), d,
+                                           repeat * 5)
+        out["import ledgerflow"] = startup_ms(
+            [*py, "import ledgerflow"], env_for("off", folder), d, repeat * 5)
+        out["import the three hookimpl modules"] = startup_ms(
+            [*py, "import ledgerflow_observability.otel, ledgerflow_observability.openlineage, "
+                  "ledgerflow_observability.prometheus, sys; "
+                  "assert not {'opentelemetry', 'openlineage', 'prometheus_client'} & "
+                  "set(sys.modules)"], env_for("off", folder), d, repeat * 5)
+        for observer in ("off", "openlineage", "prometheus"):
+            env = env_for(observer, folder)
+            out[f"pipeline run (1 task), {observer}"] = startup_ms(
+                [sys.executable, "-m", "ledgerflow", "run", "p.py", "--store",
+                 str(folder / f"s-{observer}.duckdb")], env, d, repeat * 3)
+        env = env_for("off", folder)
+        env["OTEL_TRACES_EXPORTER"] = "none"     # on (LEDGERFLOW_OTEL), no exporter
+        env["LEDGERFLOW_OTEL"] = "1"
+        out["pipeline run (1 task), otel"] = startup_ms(
+            [sys.executable, "-m", "ledgerflow", "run", "p.py", "--store",
+             str(folder / "s-otel.duckdb")], env, d, repeat * 3)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", type=int, default=10_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--shapes", default="fanout,chain")
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--skip-startup", action="store_true",
+                    help="measure only the per-task figures")
     args = ap.parse_args()
     results: dict[str, Any] = {"tasks": args.tasks, "repeat": args.repeat,
                                "load": os.getloadavg()[0], "per_task_us": {},
                                "startup_ms": {}}
-    with tempfile.TemporaryDirectory() as d:
-        folder = Path(d)
-        (folder / "p.py").write_text(ONE)
-        py = [sys.executable, "-c"]
-        results["startup_ms"]["python -c pass"] = startup_ms([*py, "pass"], env_for("off", folder),
-                                                             d, args.repeat * 5)
-        results["startup_ms"]["import ledgerflow"] = startup_ms(
-            [*py, "import ledgerflow"], env_for("off", folder), d, args.repeat * 5)
-        results["startup_ms"]["import the three hookimpl modules"] = startup_ms(
-            [*py, "import ledgerflow_observability.otel, ledgerflow_observability.openlineage, "
-                  "ledgerflow_observability.prometheus, sys; "
-                  "assert not {'opentelemetry', 'openlineage', 'prometheus_client'} & "
-                  "set(sys.modules)"], env_for("off", folder), d, args.repeat * 5)
-        for observer in ("off", "openlineage", "prometheus"):
-            env = env_for(observer, folder)
-            results["startup_ms"][f"pipeline run (1 task), {observer}"] = startup_ms(
-                [sys.executable, "-m", "ledgerflow", "run", "p.py", "--store",
-                 str(folder / f"s-{observer}.duckdb")], env, d, args.repeat * 3)
-        env = env_for("off", folder)
-        env["OTEL_TRACES_EXPORTER"] = "none"     # on (LEDGERFLOW_OTEL), no exporter
-        env["LEDGERFLOW_OTEL"] = "1"
-        results["startup_ms"]["pipeline run (1 task), otel"] = startup_ms(
-            [sys.executable, "-m", "ledgerflow", "run", "p.py", "--store",
-             str(folder / "s-otel.duckdb")], env, d, args.repeat * 3)
+    if not args.skip_startup:
+        startup(results["startup_ms"], args.repeat)
     for shape in args.shapes.split(","):
         row = results["per_task_us"].setdefault(shape, {})
         for observer in OBSERVERS:
