@@ -252,8 +252,11 @@ class Tracing:
     def sink(self) -> str:
         """The private folder workers write their spans to (made on first use)."""
         if self._sink is None:
+            import atexit
+            import shutil
             import tempfile
             self._sink = tempfile.mkdtemp(prefix="ledgerflow-spans-")
+            atexit.register(shutil.rmtree, self._sink, True)   # also if never closed
         return self._sink
 
     def committed(self, run_id: str, records: Sequence[Record], store: RunStore) -> None:
