@@ -32,7 +32,7 @@ _NAMED_BY_OUTCOME = frozenset({Outcome.TIMEOUT.value, Outcome.LOST.value,
                                Outcome.CANCELLED.value})
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, repr=False)
 class TaskRow:
     """The current state of one task of a run, as stored."""
 
@@ -58,6 +58,11 @@ class TaskRow:
     cached_from: str | None = None
     result_attempt: int = 0
 
+    def __repr__(self) -> str:
+        error = f", error={self.error!r}" if self.error else ""
+        cached = f", cached_from={self.cached_from!r}" if self.cached_from else ""
+        return f"TaskRow({self.key!r}, {self.state}, attempts={self.attempts}{cached}{error})"
+
     def as_json(self) -> dict[str, Any]:
         """The shape ``pipeline status --json`` prints for a task."""
         return {"key": self.key, "task": self.task_name, "state": self.state,
@@ -79,9 +84,13 @@ class TaskGroup:
     first_error: str = ""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, repr=False)
 class RunView:
-    """A run and its tasks, as any process can read them."""
+    """A run and its tasks, as any process can read them.
+
+    Its ``repr`` is one line (the run, its state, its counts): a script that prints
+    ``run.status()`` gets a summary, not every task; ``.tasks`` holds the rows.
+    """
 
     run_id: str
     pipeline: str = ""
@@ -106,6 +115,12 @@ class RunView:
     #: and the earliest task that failed by itself.
     groups: list[TaskGroup] | None = None
     first_failure: TaskRow | None = None
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{n} {state}" for state, n in sorted(self.counts().items()))
+        damage = ", damaged" if self.damage else ""
+        return (f"RunView({self.run_id!r}, pipeline={self.pipeline!r}, {self.state}, "
+                f"tasks: {counts or 'none'}{damage})")
 
     @property
     def active(self) -> bool:
