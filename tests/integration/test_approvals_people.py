@@ -57,6 +57,14 @@ def stamp() -> str:
 @pipeline
 def stamping():
     return stamp()
+
+@task
+def each_mail() -> list[str]:
+    return [context().approval("send", {"to": to}).decision for to in ("ops", "dev")]
+
+@pipeline
+def mailing():
+    return each_mail()
 '''
 
 
@@ -188,6 +196,37 @@ def test_a_payload_that_changes_on_every_attempt_is_refused_naming_the_field(pro
     assert _requests(run_id, ledger, env) == []
 
 
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_one_action_asked_for_several_payloads_in_turn_is_not_refused(project,
+                                                                       executor: str) -> None:
+    """Approving ``send`` to ops, then to dev (one attempt each): the second request is a
+    new payload asked after using the first approval, not an unstable payload."""
+    flow, ledger, env = project
+    run_id = _run(flow, "mailing", ledger, env, "--executor", executor)
+    for to in ("ops", "dev"):
+        (req,) = _requests(run_id, ledger, env)
+        assert req["arguments"] == {"to": f'"{to}"'}
+        assert _cli("approve", run_id, "each_mail", "--digest", req["digest"][:12],
+                    "--store", ledger, env=env).returncode == 0
+        res = _cli("resume", run_id, "--store", ledger, "--executor", executor, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = _cli("result", run_id, "--store", ledger, env=env).stdout
+    assert "approved" in out
+
+
+@pytest.mark.parametrize("executor", ["processes"])
+def test_an_unstable_payload_is_refused_on_processes_too(project, executor: str) -> None:
+    flow, ledger, env = project
+    run_id = _run(flow, "stamping", ledger, env, "--executor", executor)
+    (req,) = _requests(run_id, ledger, env)
+    assert _cli("approve", run_id, "stamp", "--digest", req["digest"][:12], "--store",
+                ledger, env=env).returncode == 0
+    res = _cli("resume", run_id, "--store", ledger, "--executor", executor, env=env)
+    assert res.returncode == 1, res.stdout + res.stderr
+    status = json.loads(_cli("status", run_id, "--store", ledger, "--json", env=env).stdout)
+    assert "changes on every attempt (at: " in status["tasks"][0]["error"]
+
+
 def test_an_expired_deadline_reads_the_same_everywhere_and_notifies_once(project) -> None:
     flow, ledger, env = project
     env = {**env, "GATE_TIMEOUT": "3"}
@@ -210,3 +249,17 @@ def test_an_expired_deadline_reads_the_same_everywhere_and_notifies_once(project
     assert [e["event"] for e in _events(env)] == ["requested", "expired"]
 
 
+
+
+def test_a_waiting_driver_applies_the_deadline_on_time(project) -> None:
+    flow, ledger, env = project
+    env = {**env, "GATE_TIMEOUT": "3"}
+    started = time.time()
+    res = _cli("run", f"{flow}:gated", "--store", ledger, "--wait-approvals", env=env)
+    assert res.returncode == 1, res.stdout + res.stderr       # expired: no one was asked
+    (asked, expired) = _events(env)
+    assert (asked["event"], expired["event"]) == ("requested", "expired")
+    assert time.time() - started < 120                         # did not wait for a reader
+    run_id = res.stdout.split()[1]
+    status = json.loads(_cli("status", run_id, "--store", ledger, "--json", env=env).stdout)
+    assert status["state"] == "failed"
