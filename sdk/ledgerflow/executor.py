@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from .context import Deferred, RunContext, TaskCancelled, TaskTimedOut, run_in_c
 from .errors import NotResumableError
 from .results import Encoded, encode
 from .states import Outcome
+from .tracebacks import user_traceback
 
 _OK, _ERROR, _TIMEOUT = Outcome.OK.value, Outcome.ERROR.value, Outcome.TIMEOUT.value
 _CANCELLED, _WAITING = Outcome.CANCELLED.value, Outcome.WAITING.value
@@ -265,21 +265,21 @@ def _attempt(job: Job, ctx: _Context, keep_value: bool) -> Completion:
     except Exception as exc:
         return Completion(job.id, _ERROR, error=exc, error_type=type(exc).__name__,
                           error_message=str(exc)[:2000],
-                          traceback="".join(traceback.format_exception(exc))[-8000:],
+                          traceback=user_traceback(exc),
                           started_at=started, ended_at=time.time(), has_value=False)
     except BaseException as exc:    # SystemExit, KeyboardInterrupt, GeneratorExit, ...
         # user code ends its attempt, never the worker or the driver: an ``error``
         # that is not retryable (``retry_on`` names Exception subclasses by default)
         return Completion(job.id, _ERROR, error=exc, error_type=type(exc).__name__,
                           error_message=_base_message(exc),
-                          traceback="".join(traceback.format_exception(exc))[-8000:],
+                          traceback=user_traceback(exc),
                           started_at=started, ended_at=time.time(), has_value=False)
     try:
         enc = encode(value)
     except Exception as exc:
         return Completion(job.id, _ERROR, error=exc, error_type=type(exc).__name__,
                           error_message=f"result could not be serialised: {exc}",
-                          traceback="".join(traceback.format_exception(exc))[-8000:],
+                          traceback=user_traceback(exc),
                           started_at=started, ended_at=time.time(), has_value=False)
     if keep_value:
         return Completion(job.id, _OK, value, enc, started_at=started, ended_at=time.time())
