@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import stat
 import tempfile
 import time
@@ -103,6 +104,7 @@ def test_the_store_password_is_on_no_page_reply_argv_or_table(flow: Path, tmp_pa
     finally:
         con.stop()
     made = set(os.listdir(tempfile.gettempdir())) - before
+    shutil.rmtree(folder, ignore_errors=True)          # the console's private log folder
     assert all(re.fullmatch(r"ledgerflow-console-\w+", m) or not m.startswith("ledgerflow")
                for m in made), made
     # the ledger's own tables
@@ -140,6 +142,7 @@ def test_a_planted_symlink_at_the_old_fixed_path_is_never_followed(flow: Path, t
             assert not Path(reply["log"]).is_relative_to(fixed)
         finally:
             con.stop()
+        shutil.rmtree(Path(reply["log"]).parent, ignore_errors=True)
         assert victim.read_text() == "untouched\n"
         assert [p.name for p in tmp_path.iterdir() if p.name.startswith("resume-")] == []
     finally:
