@@ -9,13 +9,21 @@ applied by whichever driver next drives the run.
   it (the pattern of :func:`ledgerflow.resume.decide`): :meth:`Gates.check`
   and :meth:`Gates.ask` say :class:`Pass`, :class:`Wait` or :class:`Refuse`,
   :meth:`Gates.poll` says which open gates were decided meanwhile.
-* **One deadline rule** (:func:`decide_deadline`, applied by whichever process
-  next touches the run: the driver, ``status``, ``approve``, ``resume``) and
-  **one refusal rule** (:func:`refusal`): the driver fails a refused gate's
-  task with it, and :func:`overlay` shows readers that same state and reason
-  before a driver applied it.
+* **One deadline rule** (:func:`decide_deadline`, applied by the first process
+  that touches the run after it: the driver waiting with ``--wait-approvals``,
+  ``runs``, ``status``, ``approvals``, ``approve``, ``resume``, a worker, the
+  console; the store's atomic decision records it once) and **one refusal
+  rule**: a refused task gate fails its task (:func:`refusal`); a decided
+  in-task gate hands the decision to the code, in every drive. :func:`overlay`
+  shows readers that same state before a driver applied it.
+* An in-task request whose payload changes on every attempt (asked again after
+  an approval of the same action that the attempt did not use) is refused,
+  naming the fields that changed (:func:`~ledgerflow.approval.unstable`).
 * :func:`approve`, :func:`reject` and :func:`pending` are the deciding side
-  (the CLI, the console, :class:`~ledgerflow.Run`).
+  (the CLI, the console, :class:`~ledgerflow.Run`); who decides is
+  :func:`ledgerflow.identity.decider`'s answer. The hooks
+  ``ledgerflow_approval_requested`` / ``_decided`` / ``_expired`` fire once per
+  request (:func:`notify`).
 """
 
 from __future__ import annotations
@@ -86,10 +94,13 @@ def notify(hook: str, **kwargs: Any) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Pass:
-    """The gate is approved: the task goes on. ``record``: the decision to journal."""
+    """The task goes on: its gate is approved, or an in-task gate was decided (either
+    way: the code gets the decision). ``record``: the decision to journal; ``reason``:
+    of the task's move to ``ready``."""
 
     by: str
     record: ApprovalDecided | None
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,21 +279,22 @@ class Gates:
             record = ApprovalDecided(dec["task_key"], dec["digest"], dec["decision"],
                                      dec.get("decided_by") or "", dec.get("reason") or "",
                                      float(dec.get("decided_at") or time.time()))
+        by = str(dec.get("decided_by") or "")
         if dec["decision"] == _APPROVED:
-            return Pass(str(dec["decided_by"]), record)
+            return Pass(by, record, f"approved by {by}")
+        if dec["digest"] in self.asked:      # an in-task gate: the code gets the refusal
+            return Pass(by, record, f"{dec['decision']} by {by}: the task runs again and "
+                        "its approval() returns that decision")
         return Refuse(refusal(dec)[1], record)
 
     def decisions_for(self, key: str) -> Decisions:
-        """The approvals an attempt of task ``key`` gets (``context().approval`` reads them).
-
-        Only approvals: a rejected or expired request fails its task, whichever drive
-        sees it (a resume asks the same digest and fails again); the code never runs
-        past a gate that was refused."""
+        """The decisions an attempt of task ``key`` gets (``context().approval`` reads them):
+        approvals and refusals alike, so the code that asked handles both, in whichever
+        drive sees the decision."""
         return Decisions({dg: Decision(d["decision"], d.get("decided_by") or "",
                                        d.get("reason") or "", float(d.get("decided_at") or 0),
                                        dg)
-                          for dg, d in self.decided.items()
-                          if d["task_key"] == key and d["decision"] == _APPROVED})
+                          for dg, d in self.decided.items() if d["task_key"] == key})
 
 
 def task_summary(inst: Instance, args: list[Any] | None = None,
@@ -357,23 +369,33 @@ def waiting_requests(approvals: Iterable[dict[str, Any]]) -> list[dict[str, Any]
 
 
 def overlay(view: RunView, approvals: list[dict[str, Any]]) -> RunView:
-    """Show readers what a driver will apply: a refused gate's task is ``failed`` with the
-    reason the driver records (:func:`refusal`)."""
+    """Show readers what a driver will apply: a refused task gate's task is ``failed``
+    with the reason the driver records (:func:`refusal`); a decided in-task gate's task
+    is ``ready`` (it runs again and gets the decision); a waiting run with nothing left
+    to decide reads ``failed`` if all its gates were refused."""
+    again = False
     for r in approvals:
         row = view.tasks.get(r["task_key"])
         if row is None or not r["current"] or row.state != TaskState.WAITING_APPROVAL:
             continue
-        if r["state"] in REFUSED:
+        if r["state"] in REFUSED and VERSION in (r.get("inputs") or {}):
+            row.state = TaskState.READY.value
+            row.error = (f"{r['state']} by {r['decided_by']}: the task runs again and its "
+                         "approval() returns that decision when the run is resumed")
+            again = True
+        elif r["state"] in REFUSED:
             state, reason = refusal({**r, "decision": r["state"]})
             row.state = state.value
             row.error = f"{reason}; applied when the run is resumed"
     if view.state == RunState.WAITING and view.tasks and not any(
             t.state == TaskState.WAITING_APPROVAL for t in view.tasks.values()):
-        # nothing is pending and every open gate was refused: the run's next driver
-        # fails it (a run waits only when nothing but its gates can move)
-        view.state = RunState.FAILED.value
-        view.reason = "its approval requests were refused or expired; applied when the " \
-            "run is resumed"
+        if again:
+            view.reason = "every request is decided; continue it with: pipeline resume " \
+                + view.run_id
+        else:   # a run waits only when nothing but its gates can move: the driver fails it
+            view.state = RunState.FAILED.value
+            view.reason = "its approval requests were refused or expired; applied when " \
+                "the run is resumed"
     return view
 
 
