@@ -5,7 +5,9 @@ journals, unfolded tails, leases, result files); :func:`rebuild` folds every
 journal into a fresh file and swaps it in atomically, keeping the old file
 beside it. The journals are the source of truth: what they hold can always be
 rebuilt; runs whose journals are gone (runs of the first release, folded and
-deleted) are copied from the old file when it can still be read.
+deleted), and runs whose journal a damaged line cuts, are taken from the old file
+when it can still be read (the journal then folds on from where the old tables
+stopped), and the repair says what it dropped.
 """
 
 from __future__ import annotations
@@ -211,16 +213,18 @@ def rebuild(store: DuckDBStore) -> tuple[str, list[str]]:
     new_path = f"{store.location}.repair-{stamp}.tmp"
     fresh = Ledger(new_path, store.ledger.lock_timeout)
     with store.ledger.lock, fresh.connect(True) as con:
-        for rid in sorted(store.journals.all_runs()):
-            segs = sorted(store.journals.segments(rid) + store.journals.archived(rid))
-            store.folds.run(con, rid, segs=segs)
-            for token, offset, reason in con.execute(
-                    'SELECT token, "offset", reason FROM journal_damage WHERE run_id = ?',
-                    [rid]).fetchall():
-                notes.append(f"run {rid}: journal token {token} cut at byte {offset} "
-                             f"({reason})")
-        copied = _copy_unjournaled(store, con)
+        runs = sorted(store.journals.all_runs())
+        for rid in runs:
+            store.folds.run(con, rid, segs=_all_segments(store, rid))
+        cut = [rid for rid in runs if _damage(con, rid)]
+        kept_rows, copied = _copy_from_old(store, con, cut)
         notes.extend(copied)
+        for rid in kept_rows:       # what the journals hold past what the old tables folded
+            store.folds.run(con, rid, segs=_all_segments(store, rid))
+        for rid in cut:
+            for token, offset, reason in _damage(con, rid):
+                notes.append(f"run {rid}: journal token {token} cut at byte {offset} "
+                             f"({reason}); what follows it there is dropped")
     kept = f"{store.location}.broken-{stamp}"
     with store.ledger.lock:
         if os.path.exists(store.location):
@@ -232,42 +236,89 @@ def rebuild(store: DuckDBStore) -> tuple[str, list[str]]:
     return kept, notes
 
 
-def _copy_unjournaled(store: DuckDBStore, con: Any) -> list[str]:
-    """Copy from the old file the rows of runs that have no journal (if it can be read)."""
+def _all_segments(store: DuckDBStore, run_id: str) -> list[tuple[int, Path]]:
+    return sorted(store.journals.segments(run_id) + store.journals.archived(run_id))
+
+
+def _damage(con: Any, run_id: str) -> list[tuple[int, int, str]]:
+    return con.execute('SELECT token, "offset", reason FROM journal_damage WHERE run_id = ? '
+                       "ORDER BY token", [run_id]).fetchall()
+
+
+def _copy_from_old(store: DuckDBStore, con: Any,
+                   cut: list[str]) -> tuple[list[str], list[str]]:
+    """Copy from the old file (if it can be read) the rows of runs that have no journal,
+    and of runs whose journal is cut by damage: the old tables were folded from it
+    while it was whole, so their rows (and how far they folded) replace what the
+    journal still gives; the caller folds the journal on from there. Returns the cut
+    runs kept from the old tables, and notes."""
     if not os.path.exists(store.location):
-        return []
+        return [], []
     have = set(store.journals.all_runs())
     try:
         con.execute(f"ATTACH {sql_string(store.location)} AS old (READ_ONLY)")
     except duckdb.Error as exc:
-        return [f"the old file cannot be read ({str(exc).splitlines()[0][:120]}); every run "
-                "with a journal was rebuilt, runs folded by ledgerflow 0.1 without one (if "
-                "there were any) are lost"]
-    notes = []
+        return [], [f"the old file cannot be read ({str(exc).splitlines()[0][:120]}); every "
+                    "run with a journal was rebuilt from it alone, runs folded by "
+                    "ledgerflow 0.1 without one (if there were any) are lost"]
+    notes: list[str] = []
+    kept: list[str] = []
     try:
-        old_runs = [r for (r,) in con.execute("SELECT run_id FROM old.runs").fetchall()]
-        keep = [r for r in old_runs if r not in have]
-        if keep:
-            tables = [t for (t,) in con.execute(
-                "SELECT table_name FROM information_schema.tables WHERE table_catalog = 'old' "
-                "AND table_type = 'BASE TABLE'").fetchall() if t not in ("meta",)]
-            for table in tables:
-                cols = [c for (c,) in con.execute(
-                    "SELECT column_name FROM information_schema.columns WHERE "
-                    "table_catalog = 'old' AND table_name = ?", [table]).fetchall()]
-                if "run_id" not in cols:
-                    continue
-                names = ", ".join(f'"{c}"' for c in cols)
-                con.execute(f'INSERT INTO main."{table}" ({names}) SELECT {names} FROM '
-                            f'old."{table}" WHERE run_id IN (SELECT unnest($1::VARCHAR[]))',
-                            [keep])
-            notes.append(f"{len(keep)} run(s) without a journal copied from the old file")
+        tables = _old_tables(con)
+        old_runs = {r for (r,) in con.execute("SELECT run_id FROM old.runs").fetchall()}
+        unjournaled = sorted(old_runs - have)
+        if unjournaled:
+            _copy_rows(con, tables, unjournaled, replace=False)
+            notes.append(f"{len(unjournaled)} run(s) without a journal copied from the "
+                         "old file")
+        for rid in cut:
+            if rid not in old_runs:
+                continue
+            try:
+                con.execute("BEGIN TRANSACTION")
+                _copy_rows(con, tables, [rid], replace=True)
+                con.execute("COMMIT")
+            except duckdb.Error as exc:
+                con.execute("ROLLBACK")
+                notes.append(f"run {rid}: the old tables' rows could not be kept "
+                             f"({str(exc).splitlines()[0][:120]}); rebuilt from its journal")
+                continue
+            kept.append(rid)
+            (n,) = con.execute("SELECT count(*) FROM tasks WHERE run_id = ?", [rid]).fetchone()
+            notes.append(f"run {rid}: its {n} task row(s) kept from the old tables (folded "
+                         "before the journal was damaged)")
     except duckdb.Error as exc:
-        notes.append(f"runs without a journal could not be copied from the old file "
+        notes.append(f"rows could not be copied from the old file "
                      f"({str(exc).splitlines()[0][:120]})")
     finally:
         con.execute("DETACH old")
-    return notes
+    return kept, notes
+
+
+def _old_tables(con: Any) -> dict[str, list[str]]:
+    """The old file's tables that hold rows by run, with their columns."""
+    out: dict[str, list[str]] = {}
+    for (table,) in con.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_catalog = 'old' "
+            "AND table_type = 'BASE TABLE'").fetchall():
+        cols = [c for (c,) in con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE "
+            "table_catalog = 'old' AND table_name = ? ORDER BY ordinal_position",
+            [table]).fetchall()]
+        if table != "meta" and "run_id" in cols:
+            out[table] = cols
+    return out
+
+
+def _copy_rows(con: Any, tables: dict[str, list[str]], runs: list[str], *,
+               replace: bool) -> None:
+    for table, cols in tables.items():
+        names = ", ".join(f'"{c}"' for c in cols)
+        if replace:
+            con.execute(f'DELETE FROM main."{table}" WHERE run_id IN '
+                        "(SELECT unnest($1::VARCHAR[]))", [runs])
+        con.execute(f'INSERT INTO main."{table}" ({names}) SELECT {names} FROM '
+                    f'old."{table}" WHERE run_id IN (SELECT unnest($1::VARCHAR[]))', [runs])
 
 
 _ = schema  # the fresh file gets the current schema through Ledger.connect(True)
