@@ -261,3 +261,26 @@ def test_a_waiting_driver_applies_the_deadline_on_time(project) -> None:
     run_id = res.stdout.split()[1]
     status = json.loads(_cli("status", run_id, "--store", ledger, "--json", env=env).stdout)
     assert status["state"] == "failed"
+
+
+def test_a_waiting_driver_hands_an_in_task_rejection_to_the_code(project) -> None:
+    """The same rule in the drive that sees the rejection as in a resume."""
+    flow, ledger, env = project
+    proc = subprocess.Popen([sys.executable, "-m", "ledgerflow", "run", f"{flow}:paying",
+                             "--store", ledger, "--wait-approvals"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        run_id = proc.stdout.readline().split()[1]
+        deadline = time.time() + 120
+        while not _events(env) and time.time() < deadline:     # the driver asked
+            time.sleep(0.2)
+        assert _cli("reject", run_id, "pay", "--reason", "not now", "--store", ledger,
+                    env=env).returncode == 0
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out + err
+    status = json.loads(_cli("status", run_id, "--store", ledger, "--json", env=env).stdout)
+    assert "payment rejected: not now" in status["tasks"][0]["error"]
