@@ -58,6 +58,7 @@ log = logging.getLogger("ledgerflow")
 
 _TERMINAL = frozenset(s.value for s in TERMINAL)
 _SUCCEEDED, _PENDING = TaskState.SUCCEEDED.value, TaskState.PENDING
+_PENDING_V = _PENDING.value
 _LOST = Outcome.LOST.value
 
 
@@ -132,6 +133,8 @@ class Journal:
         dispatching and its in-flight work is cancelled (``executor.shutdown``)
         without waiting for its next commit to be refused.
         """
+        if self.lease_probe is None:
+            return      # the store cannot tell (checked after every in-driver attempt)
         reason = self.lost()
         if reason is not None:
             raise LeaseLostError(f"lease lost: {reason}",
@@ -158,8 +161,11 @@ class Journal:
              resume: bool = False) -> None:
         """Apply one task transition: check it, record it, queue it for observers."""
         old = inst.state
-        if not old or target not in _TASK_EDGES[old]:
-            transition(inst.key, old or None, target, resume=resume)   # raises if illegal
+        if old:
+            if target not in _TASK_EDGES[old]:
+                transition(inst.key, old, target, resume=resume)    # raises if illegal
+        elif target != _PENDING_V:      # a creation goes to pending, nowhere else
+            transition(inst.key, None, target, resume=resume)      # raises
         self.seq += 1
         self.buf.append(Transition(self.seq, inst.key, inst.attempt, old or None, target,
                                    reason, time.time()))

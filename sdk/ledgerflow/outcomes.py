@@ -49,6 +49,10 @@ class Move:
     downstream: bool = True
 
 
+#: The move of every success (shared: moves are read, never changed).
+_SUCCEED = Move(_SUCCEEDED)
+
+
 def retry_or_fail(opts: TaskOptions, used: int, reason: str, exc: BaseException | None,
                   rand: random.Random) -> Move:
     """A running attempt failed (or timed out): retry after the backoff, or fail for good.
@@ -120,7 +124,7 @@ def settle(state: str, opts: TaskOptions, used: int, c: Completion,
            rand: random.Random) -> Move:
     """The move of a task in ``state`` (running or cancelling) whose attempt reported ``c``."""
     if c.outcome == _OK:
-        return Move(_SUCCEEDED)
+        return _SUCCEED
     if c.outcome == _WAITING and c.approval is not None and state == TaskState.RUNNING:
         return Move(_WAITING_APPROVAL)
     if state == TaskState.CANCELLING:

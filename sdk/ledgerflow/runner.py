@@ -108,7 +108,9 @@ class Runner:
         self.wait_approvals = settings.wait_approvals
         self.gates = Gates(run_id)  # approval gates: what they decide, the runner applies
         self.folders: tuple[str, str] | None = worker_folders(store, run_id)
-        self.steps = StepResults(self.folders[1] if self.folders else None)
+        self.ledger_folder: str | None = self.folders[0] if self.folders else None
+        self.run_folder: str | None = self.folders[1] if self.folders else None
+        self.steps = StepResults(self.run_folder)
 
     #: the observer hooks someone implements, or None (tests read these)
     hook_records = property(lambda self: self.observers.records)
@@ -291,8 +293,7 @@ class Runner:
                   echo=self.echo, code_version=node.task.version,
                   approvals=self.gates.decisions_for(inst.key),
                   steps=self.steps.for_attempt(inst.key, inst.attempt),
-                  ledger_folder=self.folders[0] if self.folders else None,
-                  run_folder=self.folders[1] if self.folders else None)
+                  ledger_folder=self.ledger_folder, run_folder=self.run_folder)
         inst.job = job
         self.jobs.add(job.id, inst)
         self._move(inst, _RUNNING, f"attempt {inst.attempt}{rejected}")
@@ -316,7 +317,7 @@ class Runner:
             self.j.check_lease()
             if c.outcome == _CANCELLED_O and not self.cancelling and self._cancel_seen():
                 self._start_cancel("cancel requested")   # running -> cancelling first
-            self._on_complete(c)
+            self.inbox.append(c)        # reported in the driver thread: no wake-up
             return
         try:
             self.executor.submit(job)
