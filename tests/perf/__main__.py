@@ -64,6 +64,20 @@ def plain_call_us(n: int = 200_000) -> float:
     return (time.perf_counter() - t) / n * 1e6
 
 
+def attempt_us(n: int = 50_000) -> float:
+    """One in-driver attempt of a plain task (``executor.execute``): context, capture,
+    result encoding and report included, as the inline executor pays it."""
+    from ledgerflow.executor import Job, execute
+
+    def f(x: int) -> int:
+        return x
+    job = Job(id=1, run_id="perf", task_key="f", attempt=1, fn=f, args=(1,), kwargs={})
+    t = time.perf_counter()
+    for _ in range(n):
+        execute(job)
+    return (time.perf_counter() - t) / n * 1e6
+
+
 def per_task(pipe: Any, n: int, store: str, executor: str) -> tuple[float, str]:
     salt = next_salt()
     t = time.perf_counter()
@@ -278,6 +292,8 @@ def main() -> None:
     tab = Table()
     plain = plain_call_us()
     tab.add("plain Python call", plain, "us")
+    tab.add("in-driver attempt of a plain task (execute)", attempt_us(), "us",
+            baseline="plain Python call", base=plain)
     per_task(chain, 50, "memory:warm-up", "inline")     # imports, code versions
     peers_on = not args.no_peers
     ham: dict[tuple[str, int], float | None] = {}
