@@ -8,10 +8,12 @@ the app finds every page and fragment.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 from urllib.parse import urlencode
 
+from . import views
 from .charts import MIN_BAR_W, graph_svg, timeline_html
 from .markup import (
     COLOURS,
@@ -41,10 +43,39 @@ from .panels import (
 )
 from .views import TIMES
 
+#: Characters of one parameter value shown before it is cut.
+PARAM_CHARS: Final = 120
+
+
+def _value(v: object) -> str:
+    text = json.dumps(v, default=str, ensure_ascii=False)
+    return text if len(text) <= PARAM_CHARS else text[:PARAM_CHARS - 1] + "…"
+
+
+def params_text(params: Mapping[str, Any]) -> str:
+    """Parameters on one line as ``-p`` writes them: ``n=5 label="x"``."""
+    return " ".join(f"{k}={_value(v)}" for k, v in params.items())
+
+
+def params_html(h: Mapping[str, Any]) -> str:
+    """The run's target, trigger and parameters (a table: name, value)."""
+    trig = views.trigger_text(h.get("trigger"))
+    rows = "".join(f'<tr data-param="{e(k)}"><td class="mono">{e(k)}</td>'
+                   f'<td class="mono">{e(_value(v))}</td></tr>'
+                   for k, v in (h.get("params") or {}).items())
+    return ('<div id="run-params" class="box">'
+            + (f'<div>target <span class="mono">{e(h["target"])}</span></div>'
+               if h.get("target") else "")
+            + f'<div>trigger <b class="trigger">{e(trig or "manual (no trigger recorded)")}</b></div>'
+            + (f"<table><thead><tr><th>parameter</th><th>value</th></tr></thead>"
+               f"<tbody>{rows}</tbody></table>" if rows
+               else '<div class="muted">no parameters (the defaults)</div>')
+            + "</div>")
+
 __all__ = ["COLOURS", "LOG_CHARS", "MIN_BAR_W", "OUTCOME_COLOURS", "Ctx", "api_path",
            "approvals_html", "counts_html", "error_page", "fmt_ms", "fmt_s", "fmt_tick",
            "graph_svg", "groups_html", "href", "inspector_html", "items_html", "layout",
-           "lineage_html", "logs_html", "notices_html", "pill", "root_cause_html",
+           "lineage_html", "logs_html", "notices_html", "params_html", "params_text", "pill", "root_cause_html",
            "run_live", "run_page", "run_path", "runs_page", "runs_table", "timeline_html",
            "usage_html"]
 
@@ -74,7 +105,8 @@ def runs_page(ctx: Ctx, model: Mapping[str, Any], live_src: str) -> str:
 
 def runs_table(ctx: Ctx, model: Mapping[str, Any], live_src: str) -> str:
     """The table of runs (the part the runs page refreshes)."""
-    cols = ["run", "pipeline", "state", "tasks by state", "started", "duration", "driver"]
+    cols = ["run", "pipeline", "state", "tasks by state", "started", "duration", "driver",
+            "trigger", "parameters"]
     if ctx.has_approvals:
         cols.append("approvals")
     if ctx.has_usage:
@@ -93,7 +125,9 @@ def runs_table(ctx: Ctx, model: Mapping[str, Any], live_src: str) -> str:
                  f"<td>{e(r['pipeline'])}</td>", f"<td>{pill(r['state'])}</td>",
                  f"<td>{counts_html(r['counts'])}</td>",
                  f'<td class="mono">{e(r["created_at"])}</td>',
-                 f'<td class="num">{e(fmt_s(r["duration_s"]))}</td>', f"<td>{driver}</td>"]
+                 f'<td class="num">{e(fmt_s(r["duration_s"]))}</td>', f"<td>{driver}</td>",
+                 f'<td class="trigger">{e(views.trigger_text(r.get("trigger")) or "manual")}</td>',
+                 f'<td class="mono params">{e(params_text(r.get("params") or {}))}</td>']
         if ctx.has_approvals:
             n = r.get("pending_approvals")
             cells.append(f'<td class="num">{"" if not n else f"<b>{n}</b> pending"}</td>')
@@ -166,7 +200,7 @@ def run_live(ctx: Ctx, model: Mapping[str, Any], live_src: str) -> str:
             + f" · {e(fmt_s(h['duration_s']))}{driver}</div>"
             + f'<div id="counts" class="box">{h["total"]:,} tasks: '
             + counts_html(h["counts"]) + "</div>")
-    parts = [head, root_cause_html(ctx, rid, model["root_cause"])]
+    parts = [head, params_html(h), root_cause_html(ctx, rid, model["root_cause"])]
     if ctx.has_approvals and model.get("approvals") is not None:
         parts.append(approvals_html(ctx, rid, model["approvals"]))
     parts.append(groups_html(rid, model["groups"]))

@@ -27,6 +27,29 @@ from .markup import (
 
 #: Characters of log text shown per attempt before the page says what it cut.
 LOG_CHARS: Final = 200_000
+#: Characters of one attempt's traceback shown (the kernel keeps up to 8,000).
+TRACEBACK_CHARS: Final = 20_000
+
+
+def tracebacks_html(attempts: Sequence[Mapping[str, Any]], selected: int | None) -> str:
+    """The traceback of every attempt that recorded one; the selected attempt's is open."""
+    out = []
+    for a in attempts:
+        tb = str(a.get("traceback") or "")
+        if not tb:
+            continue
+        cut = ""
+        if len(tb) > TRACEBACK_CHARS:
+            cut = f" (the last {TRACEBACK_CHARS:,} of {len(tb):,} characters)"
+            tb = tb[-TRACEBACK_CHARS:]
+        n = a.get("attempt")
+        out.append(f'<details class="traceback" data-attempt="{e(n)}"'
+                   f'{" open" if n == selected else ""}><summary>attempt {e(n)} · '
+                   f"{e(a.get('error_type'))} · traceback{e(cut)}</summary>"
+                   f"<pre>{e(tb)}</pre></details>")
+    if not out:
+        return ""
+    return "<h4>Tracebacks</h4>" + "".join(out)
 
 
 def logs_html(logs: Sequence[Mapping[str, Any]] | None, attempt: int | None) -> str:
@@ -95,7 +118,8 @@ def inspector_html(ctx: Ctx, rid: str, key: str, attempt: int | None,
         logs_part = ("<h4>Logs" + (f" of attempt {attempt}" if attempt else "") + "</h4>"
                      + logs_html(logs, attempt))
     src = run_path(rid, "/lineage?" + urlencode({"task": key}))
-    return (head + "<h4>Attempts</h4>" + att_table + logs_part
+    return (head + "<h4>Attempts</h4>" + att_table + tracebacks_html(attempts, attempt)
+            + logs_part
             + "<h4>Lineage (this task and its upstream)</h4>"
             + f'<div data-autoload="{e(src)}"><span class="muted">loading…</span></div>')
 

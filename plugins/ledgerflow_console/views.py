@@ -7,6 +7,7 @@ here reads the ledger (that is :mod:`.ledger`) or writes HTML.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -44,6 +45,41 @@ def ordered_counts(counts: Mapping[str, int]) -> list[tuple[str, int]]:
     """``counts`` as ``(state, n)`` pairs in :data:`STATE_ORDER`, unknown states last."""
     known = [(s, counts[s]) for s in STATE_ORDER if counts.get(s)]
     return known + sorted((s, n) for s, n in counts.items() if s not in STATE_ORDER and n)
+
+
+def _json_obj(text: str | None) -> dict[str, Any]:
+    """A run row's JSON column (``params``, ``options``) as a dict ({} if unreadable)."""
+    try:
+        doc = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def run_params(v: RunView) -> dict[str, Any]:
+    """The parameters the run was started with (``-p NAME=VALUE``), as recorded."""
+    return _json_obj(v.params)
+
+
+def run_trigger(v: RunView) -> dict[str, Any] | None:
+    """What started the run (``options["trigger"]``: kind, paths, slot...), if recorded."""
+    trig = _json_obj(v.options).get("trigger")
+    return trig if isinstance(trig, dict) else None
+
+
+def trigger_text(trig: Mapping[str, Any] | None) -> str:
+    """A trigger in one line: ``watch (3 paths: a, b, c ...)``, ``every 10m``; '' if none."""
+    if not trig:
+        return ""
+    what = str(trig.get("kind") or "?")
+    for k in ("every", "cron", "slot"):
+        if trig.get(k):
+            what += f" {k} {trig[k]}" if k != "every" else f" {trig[k]}"
+    paths = [str(p) for p in trig.get("paths") or []]
+    if paths:
+        what += (f" ({len(paths)} path{'s' if len(paths) != 1 else ''}: "
+                 + ", ".join(paths[:3]) + (" ..." if len(paths) > 3 else "") + ")")
+    return what
 
 
 def _duration(start: float | None, end: float | None, now: float) -> float | None:
@@ -131,6 +167,8 @@ def runs_page(views: Sequence[RunView], *, state: str | None, pipeline: str | No
         extra = extras.get(v.run_id, {})
         item["pending_approvals"] = extra.get("pending_approvals")
         item["usage"] = extra.get("usage")
+        item["params"] = run_params(v)
+        item["trigger"] = run_trigger(v)
         rows.append(item)
     return {"runs": rows, "states": sorted({v.state for v in views}),
             "pipelines": sorted({v.pipeline for v in views}),
@@ -149,7 +187,8 @@ def run_header(view: RunView, now: float | None = None) -> dict[str, Any]:
             "ended_at": iso(view.ended_at), "duration_s": None if dur is None else round(dur, 3),
             "driver_alive": view.driver_alive, "active": view.state in ACTIVE_RUN_STATES,
             "resumable": view.state != "succeeded" and not view.driver_alive,
-            "total": len(view.tasks), "counts": view.counts()}
+            "total": len(view.tasks), "counts": view.counts(), "target": view.target,
+            "params": run_params(view), "trigger": run_trigger(view)}
 
 
 def root_cause(view: RunView) -> dict[str, Any]:
