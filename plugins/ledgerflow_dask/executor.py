@@ -8,16 +8,15 @@ existing scheduler instead and leaves it running.
 How the kernel's contract maps onto Dask:
 
 * one :class:`~ledgerflow.executor.Job` = one Dask task with a unique key,
-  submitted with ``retries=0``; the task's function travels once per worker
-  (a scattered spec), a job carries its key, attempt and arguments, and a
-  plain success comes back as its encoded result (:mod:`ledgerflow_dask.wire`;
-  the driver alone writes the ledger);
-* a job with a timeout announces its start from the worker, and its timeout
-  counts from there: a job waiting in Dask's queue does not time out. With no
-  result in time the executor reports it ``timeout`` (the worker is asked to
-  stop, as for a cancel) and logs and drops the late result if it comes
-  (``timeout_from_start``). A timeout the runner decides itself
-  (``cancel(job, reason="timeout")``) takes precedence;
+  submitted with ``retries=0``; a task's function travels once per worker, a
+  job carries its key, attempt and arguments, a plain success comes back as
+  its encoded result (:mod:`ledgerflow_dask.wire`; the driver alone writes
+  the ledger);
+* a job with a timeout announces its start from the worker and its timeout
+  counts from there (a job waiting in Dask's queue does not time out); with
+  no result in time it is reported ``timeout``, the worker is asked to stop
+  and a late result is logged and dropped (``timeout_from_start``). A
+  timeout the runner decides (``cancel(job, reason="timeout")``) comes first;
 * a worker that dies mid-task: the private cluster's scheduler has
   ``allowed_failures=0``, so the task ends in ``KilledWorker`` and is
   reported ``lost`` (the runner retries within the task's budget). On a
@@ -56,7 +55,7 @@ from ledgerflow.errors import ConfigError, PluginError
 from ledgerflow.executor import Completion, Job
 
 from .wire import Specs, arguments, decode, extras, failure, stopped
-from .worker import mark_cancelled, run_job
+from .worker import MISSING, mark_cancelled, run_job
 
 log = logging.getLogger("ledgerflow.dask")
 
@@ -79,6 +78,9 @@ class _Entry:
     stop_grace: float = 0.0        # what the task says it needs to stop (program tasks)
     timeout: float | None = None   # counted from the worker's start announcement
     started_at: float = 0.0        # wall time the worker announced (0: not yet)
+    job: Any = None                # the Job, its arguments as they travel (to send again)
+    args: Any = None
+    kwargs: Any = None
 
 
 class DaskExecutor:
@@ -234,16 +236,22 @@ class DaskExecutor:
         scattered = None
         if kwargs is None and len(args) > self.scatter_above:
             args = scattered = client.scatter(args, hash=False, direct=False)
-        key = f"{spec.prefix}{job.id}"
+        entry = _Entry(None, f"{spec.prefix}{job.id}", time.time(), scattered,
+                       stop_grace=stop_grace, timeout=job.timeout, job=job, args=args,
+                       kwargs=kwargs)
+        with self._lock:
+            self._jobs[job.id] = entry
+        self._send(entry, spec.id, entry.key)
+
+    def _send(self, entry: _Entry, spec: str | tuple[str, bytes], key: str) -> None:
+        job = entry.job
         more = extras(job)
         announce = self._watch or job.timeout is not None
         tail = (announce, more) if more is not None else (True,) if announce else ()
-        fut = client.submit(run_job, spec.future, job.id, job.task_key, job.attempt, args,
-                            kwargs, *tail, key=key, pure=False, retries=0)
-        with self._lock:
-            self._jobs[job.id] = _Entry(fut, key, time.time(), scattered,
-                                        stop_grace=stop_grace, timeout=job.timeout)
-        fut.add_done_callback(partial(self._on_done, job.id))
+        entry.future = self.client.submit(
+            run_job, spec, job.id, job.task_key, job.attempt, entry.args, entry.kwargs, *tail,
+            key=key, pure=False, retries=0)
+        entry.future.add_done_callback(partial(self._on_done, job.id))
 
     def cancel(self, job_id: int, *, reason: str) -> None:
         """Ask ``job_id`` to stop (never blocks; see the module docstring)."""
@@ -260,13 +268,14 @@ class DaskExecutor:
             left, self._jobs = list(self._jobs.values()), {}
         left += self._late.values()
         self._late, self._timeouts = {}, {}
-        self._specs.clear()
         client = self.client
+        self._specs.clear(client)
         if client is not None and left:
             with contextlib.suppress(Exception):
                 client.run(mark_cancelled, [e.key for e in left], on_error="ignore")
             with contextlib.suppress(Exception):
-                client.cancel([e.future for e in left], reason="ledgerflow shutdown")
+                client.cancel([e.future for e in left if e.future is not None],
+                              reason="ledgerflow shutdown")
         if self._topic and client is not None:
             with contextlib.suppress(Exception):
                 client.unsubscribe_topic(self._topic)
@@ -433,6 +442,10 @@ class DaskExecutor:
         for (job_id, entry), data in zip(finished, values, strict=True):
             if data is None:
                 self._lose([job_id], "the result was lost with its Dask worker")
+                continue
+            if data == MISSING:     # a worker new since the spec was registered
+                spec = self._specs.get(self.client, entry.job, self._topic)
+                self._send(entry, (spec.id, spec.data), f"{entry.key}~{secrets.token_hex(2)}")
                 continue
             self._report(job_id, decode(job_id, data, entry.submitted))
 

@@ -2,17 +2,20 @@
 
 A task's *spec* (its plain function and the fields every attempt of it in a
 run shares: run id, task name, code version, echo, folders) is pickled once,
-scattered to the workers once (new workers fetch it as a dependency) and
-named by an id; :func:`ledgerflow_dask.worker.run_job` decodes it once per
-worker process. A job then carries only that id, its job id, Dask key, task
-key, attempt, its arguments (as they are when they are small plain values,
-else cloudpickle bytes, scattered first above ``scatter_above``) and the
-fields that differ from their defaults. :func:`load_completion` turns the
+registered in every worker process once (``Client.run``) and named by an id;
+:func:`ledgerflow_dask.worker.run_job` decodes it at its first use there. A
+job then carries only that id, its job id, task key, attempt, its arguments
+(as they are when they are small plain values, else cloudpickle bytes,
+scattered first above ``scatter_above``) and the fields that differ from
+their defaults. A worker that lacks the spec (it joined or restarted since)
+answers :data:`~ledgerflow_dask.worker.MISSING`, and the job is sent again
+with the spec inside. :func:`load_completion` turns the
 worker's compact answer back into a :class:`~ledgerflow.executor.Completion`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import re
 import sys
@@ -27,6 +30,8 @@ from ledgerflow.keys import digest
 from ledgerflow.results import Encoded
 from ledgerflow.task import Task
 
+from .worker import forget_specs, register_spec
+
 _NAME = re.compile(r"[^A-Za-z0-9_.]+")
 _SCALARS = (int, float, str, bool, bytes, type(None))
 #: Arguments travel as they are (Dask pickles them) only up to this many items and bytes.
@@ -36,9 +41,10 @@ _PLAIN_BYTES = 4096
 
 @dataclass(slots=True)
 class Spec:
-    """One task's shipped spec: the future of its bytes on the workers, its jobs' key prefix."""
+    """One task's shipped spec: its id and bytes, and its jobs' key prefix."""
 
-    future: Any
+    id: str
+    data: bytes
     prefix: str     # a job's Dask key is prefix + job id
     fn: Any         # kept so the id() in its cache key stays this function's
 
@@ -53,12 +59,12 @@ class Specs:
         self._shipped: set[str] = set()
 
     def get(self, client: Any, job: Job, topic: str | None) -> Spec:
-        """The spec of ``job``'s task, scattered now if it is not on the cluster yet
+        """The spec of ``job``'s task, registered on the workers now if it is new
         (``topic``: where its jobs push their starts and answers)."""
         key = (id(job.fn), job.run_id, job.code_version, job.task_name, job.echo,
                job.ledger_folder, job.run_folder)
         spec = self._by.get(key)
-        if spec is not None and spec.future.status == "finished":
+        if spec is not None:
             return spec
         fn = job.fn.fn if isinstance(job.fn, Task) else job.fn  # plain: pickles by value
         self._ship(fn)
@@ -68,8 +74,8 @@ class Specs:
                        run_folder=job.run_folder)
         prefix = f"{_NAME.sub('_', job.task_name or 'task')}-{self._token}-"
         data = cloudpickle.dumps((template, topic, prefix), protocol=5)
-        future = client.scatter(data, broadcast=True, hash=False)
-        spec = self._by[key] = Spec(future, prefix, job.fn)
+        spec = self._by[key] = Spec(f"{prefix}{len(self._by)}", data, prefix, job.fn)
+        client.run(register_spec, spec.id, data, on_error="ignore")
         return spec
 
     def _ship(self, fn: Any) -> None:
@@ -84,9 +90,12 @@ class Specs:
         if getattr(mod, "__ledgerflow_file__", None) or name in self._ship_modules:
             cloudpickle.register_pickle_by_value(mod)
 
-    def clear(self) -> None:
-        """Forget every spec (their data is released with the futures)."""
-        self._by.clear()
+    def clear(self, client: Any) -> None:
+        """Forget every spec, here and in the workers."""
+        ids, self._by = [s.id for s in self._by.values()], {}
+        if ids and client is not None:
+            with contextlib.suppress(Exception):
+                client.run(forget_specs, ids, on_error="ignore")
 
 
 def extras(job: Job) -> dict[str, Any] | None:

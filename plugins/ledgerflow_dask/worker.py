@@ -44,9 +44,12 @@ from ledgerflow.executor import Completion, Job, execute
 _CANCELLED: dict[str, float] = {}
 _LOCK = threading.Lock()
 _KEEP_MARKS = 3600.0     # forget cancel marks of jobs that never arrived after an hour
-#: Decoded task specs of this process, by id() of their bytes (least recently used first).
-_SPECS: OrderedDict[int, tuple[bytes, tuple[Job, str | None, str]]] = OrderedDict()
+#: Task specs of this process by id, as registered (bytes) or once decoded (least
+#: recently used first).
+_SPECS: OrderedDict[str, bytes | tuple[Job, str | None, str]] = OrderedDict()
 _KEEP_SPECS = 512
+#: What a job answers when its spec is not in this process (the driver sends it again).
+MISSING = "ledgerflow-dask: task spec not on this worker"
 #: Answers up to this size are pushed to the driver with the start/result events.
 _PUSH_BYTES = 8 << 10     # (the scheduler keeps a topic's last 1,000 events)
 
@@ -69,26 +72,44 @@ def is_cancelled(key: str) -> bool:
     return key in _CANCELLED
 
 
-def _spec(spec: bytes) -> tuple[Job, str | None, str]:
-    """``(template job, topic, key prefix)`` of a shipped spec, decoded once per process
-    (cached by the identity of its bytes, which Dask keeps for every job of the task)."""
+def register_spec(spec_id: str, data: bytes) -> None:
+    """Keep a task spec in this worker process (run through ``Client.run``)."""
     with _LOCK:
-        hit = _SPECS.get(id(spec))
-        if hit is not None and hit[0] is spec:
-            _SPECS.move_to_end(id(spec))
-            return hit[1]
-    decoded = cloudpickle.loads(spec)
-    assert isinstance(decoded[0], Job)
-    with _LOCK:     # holding the bytes keeps their id from being reused
-        _SPECS[id(spec)] = (spec, decoded)
+        _SPECS[spec_id] = data
         while len(_SPECS) > _KEEP_SPECS:
             _SPECS.popitem(last=False)
+
+
+def forget_specs(ids: list[str]) -> None:
+    """Drop task specs of a finished drive (run through ``Client.run``)."""
+    with _LOCK:
+        for spec_id in ids:
+            _SPECS.pop(spec_id, None)
+
+
+def _spec(spec: str | tuple[str, bytes]) -> tuple[Job, str | None, str] | None:
+    """``(template job, topic, key prefix)`` of a spec id (or of ``(id, bytes)``, which
+    registers it first), decoded at its first use; None if this process lacks it."""
+    if type(spec) is tuple:
+        register_spec(*spec)
+        spec = spec[0]
+    with _LOCK:
+        hit = _SPECS.get(spec)
+        if hit is None:
+            return None
+        _SPECS.move_to_end(spec)
+    if type(hit) is not bytes:
+        return hit
+    decoded = cloudpickle.loads(hit)
+    assert isinstance(decoded[0], Job)
+    with _LOCK:
+        _SPECS[spec] = decoded
     return decoded
 
 
-def run_job(spec: bytes, job_id: int, task_key: str, attempt: int, args: Any, kwargs: Any,
+def run_job(spec: str | tuple[str, bytes], job_id: int, task_key: str, attempt: int, args: Any, kwargs: Any,
             announce: bool = False, extras: dict[str, Any] | None = None) -> Any:
-    """Run one attempt of the task whose spec is ``spec``; return it compactly (never raises).
+    """Run one attempt of the task ``spec``; return it compactly (never raises).
 
     ``args``/``kwargs`` are the values themselves, or cloudpickle bytes of
     ``(args, kwargs)`` in ``args`` (``kwargs`` None). The answer is also
@@ -97,9 +118,12 @@ def run_job(spec: bytes, job_id: int, task_key: str, attempt: int, args: Any, kw
     """
     started = time.time()
     try:
-        template, topic, prefix = _spec(spec)
+        decoded = _spec(spec)
     except BaseException as exc:    # e.g. a module the worker cannot import (or that exits)
         return _unloadable(job_id, exc, started)
+    if decoded is None:
+        return MISSING
+    template, topic, prefix = decoded
     if topic and announce:
         _event(topic, ("s", job_id, started))
     answer = _run(template, f"{prefix}{job_id}", job_id, task_key, attempt, args, kwargs,

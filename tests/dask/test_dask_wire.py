@@ -129,13 +129,34 @@ def test_a_plain_success_comes_back_small(shared_client: Any) -> None:
     from ledgerflow_dask.worker import run_job
 
     spec = Specs("t0k3n").get(shared_client, job(1, ident, 0), topic=None)
-    answer = shared_client.submit(run_job, spec.future, 9, "ident[9]", 1, (41,), {},
+    answer = shared_client.submit(run_job, spec.id, 9, "ident[9]", 1, (41,), {},
                                   pure=False).result()
     assert len(pickle.dumps(answer)) <= ANSWER_BYTES, answer
     c = load_completion(9, answer)
     assert (c.outcome, c.encoded.kind, c.encoded.data) == ("ok", "json", b"41")
     from ledgerflow.keys import digest
     assert c.encoded.hash == digest(b"41")
+
+
+def _forget_every_spec() -> int:
+    from ledgerflow_dask import worker
+    with worker._LOCK:
+        n = len(worker._SPECS)
+        worker._SPECS.clear()
+    return n
+
+
+def test_a_worker_without_the_spec_gets_it_with_the_job(
+        shared_client: Any, executor: tuple[DaskExecutor, Reports]) -> None:
+    ex, reports = executor
+    ex.submit(job(1, ident, 1))
+    reports.wait({1})
+    assert sum(shared_client.run(_forget_every_spec).values()) >= 2   # as if new workers
+    for i in range(2, 6):
+        ex.submit(job(i, ident, i))
+    got = reports.wait({2, 3, 4, 5})
+    assert [(got[i].outcome, got[i].encoded.data) for i in range(2, 6)] == \
+        [("ok", str(i).encode()) for i in range(2, 6)]
 
 
 def test_results_attempts_and_a_large_result_through_a_run(store: str,
