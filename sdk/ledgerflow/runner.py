@@ -349,7 +349,7 @@ class Runner:
         """Apply decisions (from any process) and deadlines to the open gates."""
         for inst, verdict in self.gates.poll(self.store, self.run_id):
             if self._apply_gate(inst, verdict) and isinstance(verdict, Pass):
-                self._move(inst, _READY, f"approved by {verdict.by}")
+                self._move(inst, _READY, verdict.reason or f"approved by {verdict.by}")
                 self.ready.append(inst)
 
     def _finish_waiting(self) -> str:
