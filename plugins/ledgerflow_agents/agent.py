@@ -20,6 +20,14 @@ path outside a tool's roots, is a notice plus a non-retryable
 :class:`~ledgerflow_agents.errors.ToolNotAllowed`). Everything the loop does
 is a recorded step (:mod:`ledgerflow_agents.calls`): a retry, a re-run after
 an approval or a resume replays it instead of calling again.
+
+What the model can correct goes back to it as an error, at most
+``corrections`` times per attempt (each a ``tool_calls`` row with its outcome
+and a notice): a refused tool call (not allowed, a path outside the roots,
+what the guard stopped), arguments that do not match the schema, a final
+answer that does not match ``output=`` (:mod:`ledgerflow_agents.output`), an
+unusable answer of a deterministic model. Past that the task fails, not
+retried. Agent tasks are not cached across runs unless ``cache=True``.
 """
 
 from __future__ import annotations
@@ -40,8 +48,9 @@ from ledgerflow.task import Task
 from ._canonical import digest
 from .budget import Budget
 from .calls import Governance, Session, check_key, resolve_model
-from .errors import StepsExceeded
+from .errors import DeterministicFailure, NotAPrompt, OutputInvalid, StepsExceeded
 from .limits import KeyLimits
+from .output import OutputMismatch, output_schema, parse_output
 from .provider import ChatModel, ModelRequest
 from .tools import Tool, as_tool
 
@@ -65,6 +74,8 @@ class AgentConfig:
     system: str | None
     max_result_chars: int | None
     cite: str | None = None
+    corrections: int = 2
+    output: Any = None
 
     @property
     def tool_map(self) -> dict[str, Tool]:
@@ -87,16 +98,31 @@ def _messages(prompt: object, system: str | None) -> list[dict[str, Any]]:
     elif isinstance(prompt, Sequence) and all(isinstance(m, Mapping) for m in prompt):
         out.extend(dict(m) for m in prompt)
     else:
-        raise DefinitionError(f"an agent task's function must return the prompt (a str or a "
-                              f"list of messages), returned: {prompt!r}",
-                              hint="return the user's text built from the arguments")
+        raise NotAPrompt(f"an agent task's function must return the prompt (a str or a "
+                         f"list of messages), returned: {prompt!r:.200}",
+                         hint="return the user's text built from the arguments")
     return out
 
 
-def run_agent(cfg: AgentConfig, bound: Mapping[str, Any], prompt: object) -> str:
+def _correct(session: Session, cfg: AgentConfig, kind: str, why: str) -> bool:
+    """Count one correction sent back to the model; False when none is left."""
+    if session.corrections >= cfg.corrections:
+        return False
+    session.corrections += 1
+    session.ctx.notice(kind, f"{why} (sent back to the model as an error: correction "
+                             f"{session.corrections} of {cfg.corrections})")
+    return True
+
+
+def run_agent(cfg: AgentConfig, bound: Mapping[str, Any], prompt: object) -> Any:
     """The loop: ask, dispatch the tool calls, repeat until a turn has none."""
     session = Session.of(context())
-    messages = _messages(prompt, cfg.system)
+    system = cfg.system
+    if cfg.output is not None and cfg.output is not str:
+        system = (system + "\n\n" if system else "") + (
+            "Give the final answer as JSON only, matching this schema: "
+            + output_schema(cfg.output))
+    messages = _messages(prompt, system)
     specs = [t.spec() for t in cfg.tools]
     tools = cfg.tool_map
     cited: list[str] = []
@@ -106,14 +132,33 @@ def run_agent(cfg: AgentConfig, bound: Mapping[str, Any], prompt: object) -> str
                                temperature=cfg.temperature,
                                tool_choice=choice if specs else "auto",
                                cite_from=cited)
-        response = session.call_model(cfg.model, request, cfg.governance)
+        try:
+            response = session.call_model(cfg.model, request, cfg.governance)
+        except DeterministicFailure as exc:
+            if not _correct(session, cfg, "malformed_response", str(exc)):
+                raise
+            messages.append({"role": "user", "content": f"error: your last answer could not "
+                             f"be used ({exc}); answer again"})
+            continue
         if not response.tool_calls:
-            return response.text
+            try:
+                return parse_output(response.text, cfg.output)
+            except OutputMismatch as exc:
+                why = f"the final answer {exc}"
+                if not _correct(session, cfg, "output_invalid", why):
+                    err = OutputInvalid(f"{why} (after {cfg.corrections} correction(s))")
+                    session.ctx.notice(err.kind, str(err))
+                    raise err from None
+                messages.append({"role": "assistant", "content": response.text})
+                messages.append({"role": "user", "content": f"error: your answer {exc}. "
+                                 "Answer again with JSON only, matching this schema: "
+                                 + output_schema(cfg.output)})
+                continue
         messages.append({"role": "assistant", "content": response.text,
                          "tool_calls": [dict(c) for c in response.tool_calls]})
         for call in response.tool_calls:
             text = session.call_tool(tools, call, bound, cfg.approve, cfg.governance,
-                                     cfg.max_result_chars)
+                                     cfg.max_result_chars, cfg.corrections)
             messages.append({"role": "tool", "tool_call_id": call["id"],
                              "name": call["name"], "content": text})
             if cfg.cite:
@@ -132,8 +177,8 @@ def agent_task(fn: Callable[..., object] | None = None, /, *, model: str | ChatM
                tool_choice: str = "auto", system: str | None = None,
                record_content: bool = False, timeout: float | None = None,
                call_retries: int = 2, max_result_chars: int | None = 4000,
-               cite: str | None = None,
-               retries: int = 2, retry_delay: float = 1.0, name: str | None = None,
+               cite: str | None = None, corrections: int = 2, output: Any = None,
+               cache: bool = False, retries: int = 2, retry_delay: float = 1.0, name: str | None = None,
                **task_options: Any) -> Any:
     """Make a prompt-building function an agent task (a tool-using model loop).
 
@@ -164,6 +209,16 @@ def agent_task(fn: Callable[..., object] | None = None, /, *, model: str | ChatM
             request asks the final answer to cite one of them
             (``ModelRequest.cite_from``), which providers that constrain
             decoding (``local``) enforce: the answer ends with ``[ID]``.
+        corrections: how many mistakes per attempt go back to the model as an
+            error it can correct (a refused or invalid tool call, an answer not
+            matching ``output``, an unusable answer of a deterministic model);
+            past that the task fails without a retry. 0: fail at the first.
+        output: the final answer's type (a dataclass, TypedDict, msgspec Struct
+            or plain type such as ``int``): the answer is decoded as JSON and
+            checked, and the task returns the typed value
+            (:mod:`ledgerflow_agents.output`).
+        cache: reuse a result from an earlier run with the same inputs. Off by
+            default: an agent task asks its model again in every run.
         retries, retry_delay, name, **task_options: of the task (``@task``).
 
     Raises:
@@ -191,6 +246,10 @@ def agent_task(fn: Callable[..., object] | None = None, /, *, model: str | ChatM
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
         raise DefinitionError(f"max_steps must be a positive whole number, given: "
                               f"{max_steps!r}", hint="e.g. max_steps=8")
+    if isinstance(corrections, bool) or not isinstance(corrections, int) or corrections < 0:
+        raise DefinitionError(f"corrections must be a whole number >= 0, given: "
+                              f"{corrections!r}", hint="e.g. corrections=2")
+    schema = output_schema(output) if output is not None and output is not str else None
     if cite is not None:
         try:
             groups = re.compile(cite).groups
@@ -235,7 +294,7 @@ def agent_task(fn: Callable[..., object] | None = None, /, *, model: str | ChatM
                      limits=limits, record_content=record_content, timeout=timeout,
                      retries=call_retries)
 
-    def wrap(f: Callable[..., object]) -> Task[..., str]:
+    def wrap(f: Callable[..., object]) -> Task[..., Any]:
         if isinstance(f, Task) or not callable(f):
             raise DefinitionError(f"@agent_task needs a plain function, given: {f!r}",
                                   hint="decorate the def that builds the prompt")
@@ -251,21 +310,24 @@ def agent_task(fn: Callable[..., object] | None = None, /, *, model: str | ChatM
                           max_steps=max_steps, max_output_tokens=max_output_tokens,
                           temperature=temperature, tool_choice=tool_choice,
                           system=system if system is not None else inspect.getdoc(f),
-                          max_result_chars=max_result_chars, cite=cite)
+                          max_result_chars=max_result_chars, cite=cite,
+                          corrections=corrections, output=output)
         version = task_options.pop("version", None) or digest({
             "fn": code_version(f), "tools": [t.version for t in ts],
             "model": [m.provider, m.model], "approve": sorted(approve),
             "system": cfg.system, "max_steps": max_steps, "tokens": max_output_tokens,
-            "temperature": temperature, "tool_choice": tool_choice, "cite": cite})[7:23]
+            "temperature": temperature, "tool_choice": tool_choice, "cite": cite,
+            "corrections": corrections, "output": schema})[7:23]
 
         @functools.wraps(f)
-        def body(*args: Any, **kwargs: Any) -> str:
+        def body(*args: Any, **kwargs: Any) -> Any:
             bound = sig.bind(*args, **kwargs)
             bound.apply_defaults()
             return run_agent(cfg, dict(bound.arguments), f(*args, **kwargs))
 
-        made: Task[..., str] = task(retries=retries, retry_delay=retry_delay, version=version,
-                                    name=name or f.__name__, **task_options)(body)
+        made: Task[..., Any] = task(retries=retries, retry_delay=retry_delay, version=version,
+                                    name=name or f.__name__, cache=cache,
+                                    **task_options)(body)
         setattr(made, "agent", cfg)     # noqa: B010 - what the task was declared with
         return made
 

@@ -54,6 +54,7 @@ from ._canonical import digest
 from .budget import Amount, Budget, BudgetLedger, Owner, Scope, ledger_for
 from .errors import (
     BudgetExceeded,
+    DeterministicFailure,
     GovernanceError,
     MalformedResponse,
     ModelTimeout,
@@ -90,6 +91,8 @@ class Session:
     seq: int = 0
     diverged: bool = False
     told_scripted: bool = False
+    #: refused calls and bad answers sent back to the model as errors in this attempt
+    corrections: int = 0
     local_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     @classmethod
@@ -197,6 +200,13 @@ class Session:
                     time.sleep(wait)
                 tries -= 1
                 continue
+            if isinstance(error, MalformedResponse) and _deterministic(model, request):
+                again = DeterministicFailure(
+                    f"{model.provider}/{model.model} gave an unusable answer to call {seq} "
+                    f"({error}); it answers the same request the same way, so it is not "
+                    "retried", usage=error.usage, raw=error.raw)
+                self.ctx.notice("deterministic_failure", redact(str(again), [gov.key]))
+                raise scrubbed(again, gov) from error
             if error.retryable and tries <= gov.retries:
                 continue
             raise scrubbed(error, gov)
@@ -331,14 +341,21 @@ class Session:
     # -- tool calls -------------------------------------------------------------------
     def call_tool(self, tools: Mapping[str, Tool], call: Mapping[str, Any],
                   bound: Mapping[str, Any], approve: Sequence[str], gov: Governance,
-                  max_chars: int | None = None) -> str:
+                  max_chars: int | None = None, corrections: int = 0) -> str:
         """Dispatch one tool call of the model (:func:`ledgerflow_agents.toolcall.call_tool`).
 
         Returns the text the model reads next (a result, or why the call did
-        not run when the model can fix it). Raises ToolNotAllowed or
-        PathNotAllowed (after a notice) when governance refuses it.
+        not run: a refusal goes back as an error while ``corrections`` are
+        left). Raises ToolNotAllowed or PathNotAllowed (after a notice) past them.
         """
-        return toolcall.call_tool(self, tools, call, bound, approve, gov, max_chars)
+        return toolcall.call_tool(self, tools, call, bound, approve, gov, max_chars,
+                                  corrections)
+
+
+def _deterministic(model: ChatModel, request: ModelRequest) -> bool:
+    """Whether ``model`` says a retry of ``request`` gives the same answer."""
+    check = getattr(model, "deterministic", None)
+    return bool(check(request)) if callable(check) else False
 
 
 def model_call(prompt: str | Sequence[Mapping[str, Any]], *, model: str | ChatModel,

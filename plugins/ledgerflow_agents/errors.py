@@ -6,6 +6,7 @@
     ├─ RateLimited          (``retry_after`` seconds, retryable)
     ├─ ModelTimeout         (no answer in time, retryable; the call may still be billed)
     └─ MalformedResponse    (the answer cannot be parsed, e.g. tool arguments that are not JSON)
+       └─ DeterministicFailure (from a deterministic model: a retry would repeat it; not retried)
     ModelNotFoundError      (a PluginError: no installed provider has that name)
 
 What governance refuses inside a task, each a ledgerflow ``NonRetryableError`` (the
@@ -15,7 +16,9 @@ task fails at once, after a notice says why)::
     ├─ ToolNotAllowed       (a tool not on the allowlist, or it touched what it may not)
     │  └─ PathNotAllowed    (a path outside the tool's declared roots)
     ├─ BudgetExceeded       (a reservation does not fit the task's, run's or key's budget)
-    └─ StepsExceeded        (the agent used max_steps model calls without a final answer)
+    ├─ StepsExceeded        (the agent used max_steps model calls without a final answer)
+    └─ OutputInvalid        (the final answer did not match ``output=`` after the corrections)
+    NotAPrompt              (a DefinitionError: the task's function returned no prompt)
 
 ``usage`` is what the provider says (or the mock scripts) was spent before the
 failure, when known: a budget settles a failed call to it, or keeps the whole
@@ -26,14 +29,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ledgerflow.errors import NonRetryableError, PipelineError, PluginError
+from ledgerflow.errors import DefinitionError, NonRetryableError, PipelineError, PluginError
 
 if TYPE_CHECKING:
     from .provider import Usage
 
-__all__ = ["BudgetExceeded", "GovernanceError", "MalformedResponse", "ModelNotFoundError",
-           "ModelTimeout", "PathNotAllowed", "ProviderError", "RateLimited", "StepsExceeded",
-           "ToolNotAllowed"]
+__all__ = ["BudgetExceeded", "DeterministicFailure", "GovernanceError", "MalformedResponse",
+           "ModelNotFoundError", "ModelTimeout", "NotAPrompt", "OutputInvalid", "PathNotAllowed",
+           "ProviderError", "RateLimited", "StepsExceeded", "ToolNotAllowed"]
 
 
 class ProviderError(PipelineError):
@@ -102,6 +105,20 @@ class MalformedResponse(ProviderError):
     retryable_default = True
 
 
+class DeterministicFailure(MalformedResponse, NonRetryableError):
+    """An unusable answer from a deterministic model (temperature 0): the same request
+    gives the same answer, so it is not retried as it was (an agent loop may send the
+    error back to the model instead, which changes the request)."""
+
+    default_hint = ("tell the model what was wrong (an agent task does, within corrections=), "
+                    "or use a temperature above 0")
+    retryable_default = False
+
+
+class NotAPrompt(DefinitionError, NonRetryableError):
+    """An agent task's function returned something that is not a prompt: not retried."""
+
+
 class ModelNotFoundError(PluginError):
     """No installed plugin provides a model provider of that name."""
 
@@ -148,3 +165,10 @@ class StepsExceeded(GovernanceError):
 
     kind = "steps_exceeded"
     default_hint = "raise max_steps, or make the task easier to answer"
+
+
+class OutputInvalid(GovernanceError):
+    """The final answer did not match the task's ``output=`` type, corrections used up."""
+
+    kind = "output_invalid"
+    default_hint = "raise corrections=, describe the answer's fields in the prompt, or loosen output="

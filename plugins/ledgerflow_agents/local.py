@@ -337,6 +337,10 @@ class LocalModel:
         """The chat the model is shown for ``request`` (system, examples, conversation)."""
         return build_messages(request, self.examples)
 
+    def deterministic(self, request: ModelRequest) -> bool:
+        """True at temperature 0 (greedy decoding): a retry gives the same answer."""
+        return request.temperature <= 0
+
     def estimate_input_tokens(self, request: ModelRequest) -> int:
         """The exact prompt length in the model's own tokens (loads the model)."""
         return len(self.backend().prompt_ids(self.prompt(request)))

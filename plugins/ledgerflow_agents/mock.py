@@ -129,6 +129,8 @@ class MockModel:
         cursor: ``"global"`` (one position for all calls),
             ``"conversation"`` (one per conversation) or ``"step"`` (the
             number of assistant messages in the request).
+        deterministic: stand for a temperature-0 model: a malformed answer is
+            then a ``DeterministicFailure``, not retried as it was.
 
     Raises:
         ConfigError: a turn has an unknown key or fault.
@@ -149,7 +151,7 @@ class MockModel:
     def __init__(self, turns: Sequence[Mapping[str, Any]], *, name: str = NAME,
                  model: str = "mock-model", pricing: Pricing | None = None,
                  key_alias: str | None = None, log: str | os.PathLike[str] | None = None,
-                 cursor: str = "global") -> None:
+                 cursor: str = "global", deterministic: bool = False) -> None:
         if cursor not in ("global", "conversation", "step"):
             raise ConfigError(f"mock cursor must be 'global', 'conversation' or 'step', "
                               f"given: {cursor!r}",
@@ -160,6 +162,7 @@ class MockModel:
         self.pricing = pricing
         self.key_alias = key_alias
         self.cursor = cursor
+        self.is_deterministic = bool(deterministic)
         self.log_path = None if log is None else Path(log)
         self._memory_log: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -260,6 +263,11 @@ class MockModel:
         return index, turn
 
     # -- the model interface -----------------------------------------------------
+
+    def deterministic(self, request: ModelRequest) -> bool:
+        """Whether a retry of ``request`` would give the same answer (``deterministic=``:
+        the mock then stands for a temperature-0 model, whose failures are not retried)."""
+        return self.is_deterministic
 
     def estimate_input_tokens(self, request: ModelRequest) -> int:
         """A quarter of the request's content and schema bytes, rounded up."""

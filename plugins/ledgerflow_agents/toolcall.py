@@ -27,41 +27,54 @@ from .tools import InvalidArguments, Tool
 if TYPE_CHECKING:
     from .calls import Session
 
-__all__ = ["call_tool", "tool_done"]
+__all__ = ["call_tool", "refused", "tool_done"]
+
+#: outcomes of a call that went back to the model as an error it can correct
+_CORRECTABLE = ("refused", "invalid")
 
 
 def call_tool(self: Session, tools: Mapping[str, Tool], call: Mapping[str, Any],
               bound: Mapping[str, Any], approve: Sequence[str], gov: Governance,
-              max_chars: int | None = None) -> str:
+              max_chars: int | None = None, corrections: int = 0) -> str:
     """Dispatch one tool call of the model in ``self``'s attempt (see the module doc).
 
     Returns the text the model reads next (a result, or why the call did
-    not run when the model can fix it). Raises ToolNotAllowed or
-    PathNotAllowed (after a notice) when governance refuses it.
+    not run). A refused call (a tool not allowed, a path outside the roots,
+    what the guard stopped) or invalid arguments go back to the model as an
+    error while the attempt has ``corrections`` left (``self.corrections``
+    counts them); past that it raises ToolNotAllowed or PathNotAllowed (after
+    a notice).
     """
     seq, name = self._next()
     tname = str(call.get("name"))
     args = dict(call.get("arguments") or {})
     adigest = digest({"tool": tname, "arguments": args})
     base = {"seq": seq, "tool": tname, "arguments_digest": adigest, "replayed": False}
-    if tname not in tools:
-        self.ctx.record_tool_call(**base, outcome="refused", error="not allowed")
-        raise self._refuse(ToolNotAllowed(
-            f"the model called tool {tname!r}, which is not allowed (allowed: "
-            f"{', '.join(tools) or 'none'})"))
     recorded = self._recorded(name, "tool", {"tool": tname, "arguments": adigest})
     if recorded is not None:
+        if recorded["call"].get("outcome") in _CORRECTABLE:
+            self.corrections += 1
         self.ctx.record_tool_call(**{**recorded["call"], "replayed": True})
         return str(recorded["text"])
+    if tname not in tools:
+        return refused(self, name, base, corrections, ToolNotAllowed(
+            f"the model called tool {tname!r}, which is not allowed (allowed: "
+            f"{', '.join(tools) or 'none'})"), "not allowed")
     t = tools[tname]
     try:
         prepared = t.prepare(args, bound)
     except InvalidArguments as exc:
         why = redact(str(exc), [gov.key])
+        if self.corrections >= corrections:
+            self.ctx.record_tool_call(**base, outcome="invalid", error=why)
+            raise self._refuse(ToolNotAllowed(
+                f"the model called {tname} with invalid arguments after {corrections} "
+                f"correction(s): {why}", hint="raise corrections=, or describe the tool's "
+                "arguments better in its docstring")) from None
+        self.corrections += 1
         return tool_done(self, name, base, "invalid", f"error: invalid arguments: {why}", why)
     except PathNotAllowed as exc:
-        self.ctx.record_tool_call(**base, outcome="refused", error=str(exc))
-        raise self._refuse(exc) from None
+        return refused(self, name, base, corrections, exc)
     approved_by = ""
     if tname in approve:
         decision = self.ctx.approval(f"tool:{tname}", {"tool": tname, "arguments": args},
@@ -99,16 +112,32 @@ def call_tool(self: Session, tools: Mapping[str, Tool], call: Mapping[str, Any],
         over = ledger.settle(rid, scopes, Amount(tool_calls=1)) if scopes else []
     if guard.violations:
         kind, message = guard.violations[0]
-        self.ctx.record_tool_call(**base, approved_by=approved_by, outcome="refused",
-                                  error=message)
         exc_type = PathNotAllowed if kind == "path_not_allowed" else ToolNotAllowed
-        raise self._refuse(exc_type(message))
+        done = refused(self, name, {**base, "approved_by": approved_by}, corrections,
+                       exc_type(message))
+        if over:
+            raise self._over(over)
+        return done
     text = redact(result_text(value, max_chars), [gov.key]) if outcome == "ok" \
         else f"error: {error}"
     done = tool_done(self, name, {**base, "approved_by": approved_by}, outcome, text, error)
     if over:
         raise self._over(over)
     return done
+
+def refused(self: Session, name: str, base: dict[str, Any], corrections: int,
+            exc: GovernanceError, error: str | None = None) -> str:
+    """A call governance refused: back to the model as an error while corrections are
+    left (a ``refused`` row and a notice either way), else the task fails with ``exc``."""
+    error = str(exc) if error is None else error
+    if self.corrections >= corrections:
+        self.ctx.record_tool_call(**base, outcome="refused", error=error)
+        raise self._refuse(exc)
+    self.corrections += 1
+    self.ctx.notice(exc.kind, redact(f"{exc} (sent back to the model as an error: correction "
+                                     f"{self.corrections} of {corrections})"))
+    return tool_done(self, name, base, "refused", f"error: refused: {redact(str(exc))}", error)
+
 
 def tool_done(self: Session, name: str, base: dict[str, Any], outcome: str, text: str,
               error: str) -> str:

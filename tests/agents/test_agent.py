@@ -57,8 +57,34 @@ def _notices(run: Any, kind: str) -> list[dict[str, Any]]:
 
 # -- governance: allowlist, roots, the runtime guard -----------------------------------------
 
-def test_a_forbidden_tool_call_fails_the_task_at_once_with_a_notice(tmp_path: Path) -> None:
-    mock = MockModel(turns=[{"tool_calls": [{"name": "rm_rf", "arguments": {"path": "/"}}]}])
+def test_a_forbidden_tool_call_goes_back_to_the_model_which_can_correct_it(
+        tmp_path: Path) -> None:
+    mock = MockModel(turns=[{"tool_calls": [{"name": "rm_rf", "arguments": {"path": "/"}}]},
+                            {"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}]},
+                            {"text": "3"}])
+
+    @agent_task(model=mock, tools=[add])
+    def sneaky(question: str) -> str:
+        return question
+
+    @pipeline
+    def flow():
+        return sneaky("clean up")
+
+    run = flow.run(store=_store(tmp_path))
+    assert run.status().tasks["sneaky"].state == "succeeded" and run.result() == "3"
+    assert [(c["tool"], c["outcome"]) for c in run.tool_calls()] == [("rm_rf", "refused"),
+                                                                     ("add", "ok")]
+    (n,) = _notices(run, "tool_not_allowed")
+    assert "'rm_rf'" in n["message"] and "correction 1 of 2" in n["message"]
+    told = [m for m in mock.requests[1]["request"]["messages"] if m["role"] == "tool"]
+    assert told[0]["content"].startswith("error: refused: the model called tool 'rm_rf'")
+
+
+def test_a_forbidden_tool_call_past_the_corrections_fails_the_task_at_once(
+        tmp_path: Path) -> None:
+    rm = {"tool_calls": [{"name": "rm_rf", "arguments": {"path": "/"}}]}
+    mock = MockModel(turns=[rm, rm, rm, {"text": "never reached"}])
 
     @agent_task(model=mock, tools=[add], retries=3)
     def sneaky(question: str) -> str:
@@ -73,11 +99,9 @@ def test_a_forbidden_tool_call_fails_the_task_at_once_with_a_notice(tmp_path: Pa
     assert row.state == "failed" and row.attempts == 1          # not retried
     assert "ToolNotAllowed" in row.error
     assert "(not retryable)" in run.events("sneaky")[-1]["reason"]
-    (n,) = _notices(run, "tool_not_allowed")
-    assert "'rm_rf'" in n["message"] and n["task_key"] == "sneaky"
-    (call,) = run.tool_calls()
-    assert (call["tool"], call["outcome"]) == ("rm_rf", "refused")
-    assert len(mock.requests) == 1
+    assert len(_notices(run, "tool_not_allowed")) == 3
+    assert [(c["tool"], c["outcome"]) for c in run.tool_calls()] == [("rm_rf", "refused")] * 3
+    assert len(mock.requests) == 3
     # only the allowed tool's schema was sent
     assert [t["name"] for t in mock.requests[0]["request"]["tools"]] == ["add"]
 
@@ -88,7 +112,7 @@ def test_a_path_outside_the_roots_is_refused_before_the_tool_runs(tmp_path: Path
     mock = MockModel(turns=[{"tool_calls": [{"name": "save", "arguments": {
         "path": "../escaped.txt", "text": "x"}}]}])
 
-    @agent_task(model=mock, tools=[save])
+    @agent_task(model=mock, tools=[save], corrections=0)
     def writer(question: str, out: str) -> str:
         return question
 
@@ -109,7 +133,7 @@ def test_the_guard_refuses_what_a_tool_touches_outside_its_roots(tmp_path: Path)
     (out / "a.txt").write_text("hello")
     mock = MockModel(turns=[{"tool_calls": [{"name": "peek", "arguments": {"path": "a.txt"}}]}])
 
-    @agent_task(model=mock, tools=[peek])
+    @agent_task(model=mock, tools=[peek], corrections=0)
     def reader(question: str, out: str) -> str:
         return question
 

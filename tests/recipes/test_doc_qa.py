@@ -114,14 +114,16 @@ def test_a_tool_outside_the_allowlist_or_the_corpus_is_refused(
     script = tmp_path / "script.json"
     script.write_text(json.dumps({"cursor": "step", "turns": [
         {"tool_calls": [{"name": "search_index", "arguments": {"query": "patent"}}]},
-        {"tool_calls": [turn]}, {"text": "never reached"}]}))
+        # the refusal goes back to the model twice (corrections=2); the third one fails
+        {"tool_calls": [turn]}, {"tool_calls": [turn]}, {"tool_calls": [turn]},
+        {"text": "never reached"}]}))
     res, run_id = _run(tmp_path, corpus_index, "-p", f"script={script}", *params)
     assert res.returncode == 1, res.stdout + res.stderr
     ledger = tmp_path / "ledger.duckdb"
     (row,) = _json("status", run_id, ledger=ledger)["tasks"]
     assert row["state"] == "failed" and row["attempts"] == 1 and kind in row["error"]
-    assert _tool_calls(run_id, ledger) == [("search_index", "ok", ""),
-                                           (turn["name"], "refused", "")]
+    assert _tool_calls(run_id, ledger) == [("search_index", "ok", "")] + [
+        (turn["name"], "refused", "")] * 3
     assert not (tmp_path / "answers").exists()
 
 

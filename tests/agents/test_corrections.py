@@ -1,0 +1,199 @@
+"""What the model can correct goes back to it (bounded); what cannot be retried is not.
+
+Invalid tool calls and wrong final answers are sent back as errors at most
+``corrections`` times; a deterministic model's unusable answer is not retried
+as it was; a function that returns no prompt fails once; typed outputs; agent
+tasks uncached unless asked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from ledgerflow import pipeline
+from ledgerflow.errors import DefinitionError
+from ledgerflow_agents import MockModel, agent_task, tool
+from ledgerflow_agents.output import parse_output
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two whole numbers."""
+    return a + b
+
+
+@dataclass
+class Sum:
+    total: int
+    explanation: str
+
+
+def _store(tmp_path: Path) -> str:
+    return str(tmp_path / "ledger.duckdb")
+
+
+def _kinds(run: Any) -> list[str]:
+    return [n["kind"] for n in run.notices()]
+
+
+def test_invalid_arguments_are_corrected_at_most_corrections_times(tmp_path: Path) -> None:
+    bad = {"tool_calls": [{"name": "add", "arguments": {"a": "two", "b": 3}}]}
+    mock = MockModel(turns=[bad, bad, {"text": "never reached"}])
+
+    @agent_task(model=mock, tools=[add], corrections=1, retries=2)
+    def adder(question: str) -> str:
+        return question
+
+    @pipeline
+    def flow():
+        return adder("2 + 3?")
+
+    run = flow.run(store=_store(tmp_path))
+    row = run.status().tasks["adder"]
+    assert row.state == "failed" and row.attempts == 1 and "ToolNotAllowed" in row.error
+    assert "invalid arguments after 1 correction" in row.error
+    assert [c["outcome"] for c in run.tool_calls()] == ["invalid", "invalid"]
+    assert len(mock.requests) == 2
+
+
+def test_a_deterministic_models_malformed_answer_is_sent_back_not_repeated(
+        tmp_path: Path) -> None:
+    mock = MockModel(turns=[{"fault": "malformed"}, {"text": "5"}], deterministic=True)
+
+    @agent_task(model=mock, tools=[add])
+    def adder(question: str) -> str:
+        return question
+
+    @pipeline
+    def flow():
+        return adder("2 + 3?")
+
+    run = flow.run(store=_store(tmp_path))
+    assert run.result() == "5"
+    second = mock.requests[1]["request"]["messages"]
+    assert second[-1]["role"] == "user" and "could not be used" in second[-1]["content"]
+    assert second[:-1] == mock.requests[0]["request"]["messages"]   # the error is the change
+    assert "malformed_response" in _kinds(run) and "deterministic_failure" in _kinds(run)
+
+
+def test_a_deterministic_failure_fails_once_when_no_correction_is_left(tmp_path: Path) -> None:
+    mock = MockModel(turns=[{"fault": "malformed"}] * 6, deterministic=True)
+
+    @agent_task(model=mock, tools=[add], corrections=0, retries=2, call_retries=2)
+    def adder(question: str) -> str:
+        return question
+
+    @pipeline
+    def flow():
+        return adder("2 + 3?")
+
+    run = flow.run(store=_store(tmp_path))
+    row = run.status().tasks["adder"]
+    assert row.state == "failed" and row.attempts == 1
+    assert "DeterministicFailure" in row.error and "not retried" in row.error
+    assert len(mock.requests) == 1                     # neither the call nor the task again
+
+
+def test_a_sampling_models_malformed_answer_is_still_retried(tmp_path: Path) -> None:
+    mock = MockModel(turns=[{"fault": "malformed"}, {"text": "5"}])
+
+    @agent_task(model=mock, tools=[add])
+    def adder(question: str) -> str:
+        return question
+
+    assert adder("2 + 3?") == "5"
+    assert mock.requests[1]["request"]["messages"] == mock.requests[0]["request"]["messages"]
+
+
+def test_a_function_returning_no_prompt_fails_once_with_a_clear_message(tmp_path: Path) -> None:
+    mock = MockModel(turns=[{"text": "x"}])
+
+    @agent_task(model=mock, retries=2)
+    def broken(question: str) -> str:
+        return None                                    # type: ignore[return-value]
+
+    @pipeline
+    def flow():
+        return broken("hi")
+
+    run = flow.run(store=_store(tmp_path))
+    row = run.status().tasks["broken"]
+    assert row.state == "failed" and row.attempts == 1
+    assert "must return the prompt" in row.error and "returned: None" in row.error
+    assert mock.requests == []
+
+
+def test_a_typed_output_is_checked_corrected_and_returned_typed(tmp_path: Path) -> None:
+    mock = MockModel(turns=[{"text": "five"},
+                            {"text": '{"total": "5", "explanation": "2+3"}'},
+                            {"text": '```json\n{"total": 5, "explanation": "2+3"}\n```'}])
+
+    @agent_task(model=mock, output=Sum)
+    def summed(question: str) -> str:
+        return question
+
+    @pipeline
+    def flow():
+        return summed("2 + 3?")
+
+    run = flow.run(store=_store(tmp_path))
+    assert run.result() == Sum(total=5, explanation="2+3")
+    first = mock.requests[0]["request"]["messages"]
+    assert first[0]["role"] == "system" and '"total"' in first[0]["content"]
+    told = [m["content"] for m in mock.requests[1]["request"]["messages"] if m["role"] == "user"]
+    assert "is not JSON" in told[-1]
+    told = [m["content"] for m in mock.requests[2]["request"]["messages"] if m["role"] == "user"]
+    assert "Expected `int`, got `str` - at `$.total`" in told[-1]
+    assert _kinds(run).count("output_invalid") == 2
+
+
+def test_a_typed_output_past_the_corrections_fails_the_task(tmp_path: Path) -> None:
+    mock = MockModel(turns=[{"text": "five"}] * 3)
+
+    @agent_task(model=mock, output=int, corrections=1, retries=2)
+    def number(question: str) -> str:
+        return question
+
+    @pipeline
+    def flow():
+        return number("2 + 3?")
+
+    run = flow.run(store=_store(tmp_path))
+    row = run.status().tasks["number"]
+    assert row.state == "failed" and row.attempts == 1 and "OutputInvalid" in row.error
+    assert len(mock.requests) == 2
+
+
+def test_output_types_msgspec_can_check() -> None:
+    class Point(msgspec.Struct):
+        x: int
+        y: int
+
+    assert parse_output('{"x": 1, "y": 2}', Point) == Point(1, 2)
+    assert parse_output("[1, 2]", list[int]) == [1, 2]
+    assert parse_output("some text", str) == "some text"
+    with pytest.raises(DefinitionError, match="output="):
+        agent_task(model=MockModel(turns=[]), output=object())
+
+
+def test_agent_tasks_ask_again_in_every_run_unless_cache_is_asked(tmp_path: Path) -> None:
+    for cache, calls in ((False, 2), (True, 1)):
+        mock = MockModel(turns=[{"text": "a"}, {"text": "b"}])
+
+        @agent_task(model=mock, cache=cache)
+        def ask(question: str) -> str:
+            return question
+
+        @pipeline
+        def flow():
+            return ask("same question")
+
+        store = str(tmp_path / f"{cache}.duckdb")
+        first, second = flow.run(store=store), flow.run(store=store)
+        assert len(mock.requests) == calls
+        assert (first.result(), second.result()) == (("a", "b") if not cache else ("a", "a"))
