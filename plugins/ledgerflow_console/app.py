@@ -275,7 +275,7 @@ def create_app(cfg: ConsoleConfig) -> ASGIApp:
     def graph_svg(request: Request) -> Response:
         rid = request.path_params["run_id"]
         model = views.graph(ledger.view(ledger.run(rid), upstream=True))
-        return html(pages.graph_svg(model))
+        return html(pages.graph_svg(model, rid))
 
     def usage_fragment(request: Request) -> Response:
         usage = ledger.usage(ledger.run(request.path_params["run_id"]))

@@ -3,7 +3,8 @@
 The timeline draws one lane per task and one bar per attempt (at least
 :data:`MIN_BAR_W` pixels wide), or, above the lane limit, one lane per task
 name with attempts counted into time slices (:func:`ledgerflow_console.views.timeline`
-decides which); the graph is :func:`ledgerflow.display.svg_graph` of the run.
+decides which); the graph is drawn in layers by depth, fan-outs folded
+into one node (:func:`ledgerflow_console.views.graph`).
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from typing import Any, Final
+from urllib.parse import urlencode
 
-from ledgerflow.display import svg_graph
+from ledgerflow.display import layers
 
-from .markup import OUTCOME_COLOURS, e, fmt_ms, fmt_tick, inspect_url
-from .views import TIMES
+from .markup import COLOURS, OUTCOME_COLOURS, e, fmt_ms, fmt_tick, inspect_url, run_path
+from .views import TIMES, ordered_counts
 
 #: The order in which an aggregated cell picks its colour (the worst outcome wins).
 _OUTCOME_RANK: Final = ("error", "timeout", "lost", "cancelled", "waiting", "running", "ok")
@@ -147,13 +149,106 @@ def timeline_html(rid: str, tl: Mapping[str, Any]) -> str:
 
 # -- graph -------------------------------------------------------------------------------
 
-def graph_svg(model: Mapping[str, Any]) -> str:
-    """The task graph as inline SVG (ledgerflow's own layout)."""
-    nodes = [(n["key"], n["label"], n["tasks"] > 1) for n in model["nodes"]]
-    edges = [(x["from"], x["to"], "data") for x in model["edges"]]
-    states = {n["key"]: n["state"] for n in model["nodes"]}
+#: The graph's widest row of nodes, in pixels: a wider layer wraps onto more rows.
+GRAPH_W: Final = 1200
+NODE_H: Final = 26
+STATE_BAR_H: Final = 6
+GAP_X: Final = 14
+GAP_Y: Final = 34
+LAYER_GAP: Final = 12
+CHAR_W: Final = 7.0
+
+
+def _node_w(label: str) -> float:
+    return max(56.0, len(_short(label, 40)) * CHAR_W + 16)
+
+
+def _wrap(layer: list[str], width: Mapping[str, float]) -> list[list[str]]:
+    rows: list[list[str]] = [[]]
+    used = 0.0
+    for k in layer:
+        w = width[k] + GAP_X
+        if rows[-1] and used + w > GRAPH_W:
+            rows.append([])
+            used = 0.0
+        rows[-1].append(k)
+        used += w
+    return rows
+
+
+def graph_svg(model: Mapping[str, Any], rid: str | None = None) -> str:
+    """The task graph in layers by depth (sources on top), as inline SVG.
+
+    A fan-out (or, on a large run, every task of one name) is one node with
+    its count and a bar of its tasks' states; a layer wider than
+    :data:`GRAPH_W` wraps, so the drawing stays as wide as the page.
+    """
+    nodes = {n["key"]: n for n in model["nodes"]}
     if not nodes:
         return '<span class="muted">no tasks yet</span>'
-    note = ('<div class="muted">one node per task name (stacked: several tasks; colour: the '
-            "most urgent state among them)</div>" if model["collapsed"] else "")
-    return note + svg_graph(nodes, edges, states)
+    edges = [(x["from"], x["to"], "data") for x in model["edges"]
+             if x["from"] in nodes and x["to"] in nodes]
+    width = {k: _node_w(n["label"]) for k, n in nodes.items()}
+    xy: dict[str, tuple[float, float]] = {}
+    y = 8.0
+    total_w = 0.0
+    depth_of: dict[str, int] = {}
+    for d, layer in enumerate(layers(list(nodes), edges)):
+        for row in _wrap(layer, width):
+            x = 8.0
+            for k in row:
+                xy[k] = (x, y)
+                depth_of[k] = d
+                x += width[k] + GAP_X
+            total_w = max(total_w, x)
+            y += NODE_H + STATE_BAR_H + GAP_Y
+        y += LAYER_GAP
+    height = y - GAP_Y - LAYER_GAP + 8
+    out = [f'<svg id="graph-svg" xmlns="http://www.w3.org/2000/svg" width="{total_w:.0f}" '
+           f'height="{height:.0f}" viewBox="0 0 {total_w:.0f} {height:.0f}" '
+           'font-family="ui-monospace,monospace" font-size="11">'
+           '<defs><marker id="lfarrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="6" '
+           'markerHeight="6" orient="auto"><path d="M0,0 L10,5 L0,10 z" fill="#9ca3af"/>'
+           "</marker></defs>"]
+    for u, v, _ in edges:
+        (x1, y1), (x2, y2) = xy[u], xy[v]
+        ax, ay = x1 + width[u] / 2, y1 + NODE_H + STATE_BAR_H
+        bx, by = x2 + width[v] / 2, y2
+        mid = (ay + by) / 2
+        out.append(f'<path class="edge" data-from="{e(u)}" data-to="{e(v)}" fill="none" '
+                   f'stroke="#9ca3af" marker-end="url(#lfarrow)" d="M{ax:.1f},{ay:.1f} '
+                   f'C{ax:.1f},{mid:.1f} {bx:.1f},{mid:.1f} {bx:.1f},{by:.1f}"/>')
+    for k, n in nodes.items():
+        x, y0 = xy[k]
+        w = width[k]
+        counts = n.get("counts") or {n["state"]: 1}
+        tip = n["label"] + "\n" + ", ".join(f"{c:,} {s}" for s, c in ordered_counts(counts))
+        many = n["tasks"] > 1
+        load = ""
+        if rid is not None:
+            url = (run_path(rid, "/items?" + urlencode({"task": n.get("task") or k})) if many
+                   else inspect_url(rid, k))
+            load = (f' data-load="{e(url)}" data-into="{"#items" if many else "#inspector"}"'
+                    ' data-scroll="1" style="cursor:pointer"')
+        out.append(f'<g class="node{" fan" if many else ""}" data-key="{e(k)}" '
+                   f'data-state="{e(n["state"])}" data-tasks="{n["tasks"]}" '
+                   f'data-depth="{depth_of[k]}"{load}><title>{e(tip)}</title>'
+                   f'<rect x="{x:.1f}" y="{y0:.1f}" width="{w:.1f}" height="{NODE_H}" rx="4" '
+                   f'fill="{COLOURS.get(n["state"], "#eee")}" stroke="#6b7280"/>'
+                   f'<text x="{x + 8:.1f}" y="{y0 + 17:.1f}">{e(_short(n["label"], 40))}</text>')
+        total = sum(counts.values()) or 1
+        bx = x
+        for st, c in ordered_counts(counts):
+            bw = w * c / total
+            out.append(f'<rect class="state-bar" data-state="{e(st)}" x="{bx:.1f}" '
+                       f'y="{y0 + NODE_H + 1:.1f}" width="{max(bw, 1.0):.1f}" '
+                       f'height="{STATE_BAR_H - 1}" fill="{COLOURS.get(st, "#999")}"/>')
+            bx += bw
+        out.append("</g>")
+    out.append("</svg>")
+    note = ('<div class="muted">one node per task name (count ' + TIMES
+            + 'N; the bar under a node: its tasks by state)</div>' if model.get("collapsed")
+            else '<div class="muted">in layers by depth; a fan-out of more than a few items '
+            "is one node (count " + TIMES + "N, the bar: its items by state; click to list "
+            "them)</div>")
+    return "".join(out) + note

@@ -434,6 +434,52 @@ def timeline(view: RunView, attempts: Iterable[Mapping[str, Any]], *,
 
 #: Tasks drawn one node each; larger runs are drawn with one node per task name.
 GRAPH_NODES: Final = 150
+#: A fan-out with more items than this is drawn as one node (count and state bar).
+FANOUT_NODES: Final = 8
+
+
+def _task_graph(view: RunView) -> dict[str, Any]:
+    """One node per task, a fan-out of more than :data:`FANOUT_NODES` items as one node."""
+    tasks = view.tasks
+    items: dict[str, list[TaskRow]] = {}
+    for r in tasks.values():
+        if r.position is not None and r.node:
+            items.setdefault(r.node, []).append(r)
+    node_of = {r.key: r.key for r in tasks.values()}
+    folded = {n: rows for n, rows in items.items() if len(rows) > FANOUT_NODES}
+    for n, rows in folded.items():
+        for r in rows:
+            node_of[r.key] = n
+    nodes: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for r in tasks.values():
+        me = node_of[r.key]
+        if me in seen:
+            continue
+        seen.add(me)
+        if me in folded:
+            c: dict[str, int] = {}
+            for x in folded[me]:
+                c[x.state] = c.get(x.state, 0) + 1
+            name = r.task_name or me
+            nodes.append({"key": me, "label": f"{name} {TIMES}{len(folded[me]):,}",
+                          "state": _worst(c), "tasks": len(folded[me]), "counts": c,
+                          "fan_out": True, "task": name})
+        else:
+            nodes.append({"key": r.key, "label": r.key, "state": r.state, "tasks": 1,
+                          "counts": {r.state: 1}})
+    # an upstream that names a fan-out stands for all of its items
+    pairs: dict[tuple[str, str], None] = {}
+    for r in tasks.values():
+        me = node_of[r.key]
+        for u in r.upstream:
+            srcs = [node_of[u]] if u in tasks else (
+                [u] if u in folded else [x.key for x in items.get(u, [])])
+            for src in srcs:
+                if src != me:
+                    pairs[(src, me)] = None
+    return {"collapsed": False, "fanouts_collapsed": len(folded), "nodes": nodes,
+            "edges": [{"from": a, "to": b} for a, b in pairs]}
 
 
 def _worst(states: Mapping[str, int]) -> str:
@@ -452,18 +498,7 @@ def graph(view: RunView) -> dict[str, Any]:
     """
     tasks = view.tasks
     if len(tasks) <= GRAPH_NODES:
-        nodes = [{"key": r.key, "label": r.key, "state": r.state, "tasks": 1,
-                  "counts": {r.state: 1}} for r in tasks.values()]
-        edges = [{"from": u, "to": r.key} for r in tasks.values() for u in r.upstream
-                 if u in tasks]
-        # an upstream that names a fan-out stands for all of its items
-        kids: dict[str, list[str]] = {}
-        for r in tasks.values():
-            if r.position is not None:
-                kids.setdefault(r.node, []).append(r.key)
-        edges += [{"from": k, "to": r.key} for r in tasks.values() for u in r.upstream
-                  if u not in tasks for k in kids.get(u, [])]
-        return {"collapsed": False, "nodes": nodes, "edges": edges}
+        return _task_graph(view)
     name_of = {r.key: (r.task_name or r.key) for r in tasks.values()}
     node_name: dict[str, str] = {}
     for r in tasks.values():
@@ -480,7 +515,7 @@ def graph(view: RunView) -> dict[str, Any]:
             if src is not None and src != me:
                 pairs[(src, me)] = None
     nodes = [{"key": n, "label": f"{n} {TIMES}{sum(c.values()):,}" if sum(c.values()) > 1
-              else n, "state": _worst(c), "tasks": sum(c.values()), "counts": c}
+              else n, "state": _worst(c), "tasks": sum(c.values()), "counts": c, "task": n}
              for n, c in counts.items()]
     return {"collapsed": True, "nodes": nodes,
             "edges": [{"from": a, "to": b} for a, b in pairs]}

@@ -72,3 +72,64 @@ def test_the_runs_and_the_run_page_show_parameters_and_trigger() -> None:
     assert cell is not None and cell[1] in ('n=7 label=&quot;big day&quot;',
                                             'label=&quot;big day&quot; n=7')
     assert '<td class="trigger">manual</td>' in html
+
+
+@task
+def part(i: int) -> int:
+    return i
+
+
+@task
+def part_fails(i: int) -> int:
+    if i % 50 == 7:
+        raise ValueError(f"item {i} is bad")
+    return i
+
+
+@task
+def gather(xs: list[int]) -> int:
+    return len(xs)
+
+
+@pipeline
+def fan(n: int = 33):
+    return gather(part_fails.map(part.map(list(range(n)))))
+
+
+def _graph(call: Asgi, rid: str) -> tuple[dict[str, Any], str]:
+    model = json.loads(call("GET", f"/api/runs/{rid}/graph")[1])
+    status, svg = call("GET", f"/runs/{rid}/graph.svg")
+    assert status == 200
+    return model, svg
+
+
+@pytest.mark.parametrize("n", [33, 500])
+def test_the_graph_is_layered_with_fan_outs_folded_and_stays_page_wide(n: int) -> None:
+    from ledgerflow_console.charts import GRAPH_W
+    store = f"memory:console-fan-{n}"
+    rid = fan.run(store=store, executor="inline", n=n).run_id
+    model, svg = _graph(_console(store), rid)
+    assert len(model["nodes"]) == 3                    # part xN, part_fails xN, gather
+    by = {x["label"].split(" ")[0]: x for x in model["nodes"]}
+    assert by["part"]["tasks"] == n and by["part"]["counts"] == {"succeeded": n}
+    bad = len([i for i in range(n) if i % 50 == 7])
+    assert by["part_fails"]["counts"] == {"succeeded": n - bad, "failed": bad}
+    assert by["part_fails"]["state"] == "failed"
+    width = float(re.search(r'<svg id="graph-svg"[^>]* width="([\d.]+)"', svg)[1])
+    assert width <= GRAPH_W + 20
+    depth = dict(re.findall(r'data-key="([^"]+)" data-state="[^"]+" data-tasks="\d+" '
+                            r'data-depth="(\d+)"', svg))
+    assert sorted(depth.values()) == ["0", "1", "2"]         # three layers, one node each
+    assert svg.count('class="edge"') == 2
+    bars = re.findall(r'class="state-bar" data-state="(\w+)"', svg)
+    assert "failed" in bars and "succeeded" in bars
+    assert f"part {chr(0xd7)}{n:,}" in svg
+
+
+def test_a_small_fan_out_keeps_a_node_per_item() -> None:
+    store = "memory:console-fan-small"
+    rid = fan.run(store=store, executor="inline", n=4).run_id
+    model, svg = _graph(_console(store), rid)
+    assert len(model["nodes"]) == 9 and model["fanouts_collapsed"] == 0
+    assert ("part[0]", "part_fails[0]") in {(x["from"], x["to"]) for x in model["edges"]}
+    assert 'data-key="part[3]"' in svg and "/inspect?task=part%5B3%5D" in svg
