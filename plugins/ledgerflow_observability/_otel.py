@@ -246,7 +246,7 @@ class Tracing:
         self.provider = provider
         self.tracer = provider.get_tracer(SCOPE, ledgerflow.__version__)
         self.runs: dict[str, _Run] = {}
-        self._sink: str | None = None
+        self._sink: Any = None          # a _spanfile.Sink, made on first use
 
     @property
     def sink(self) -> str:
@@ -254,10 +254,11 @@ class Tracing:
         if self._sink is None:
             import atexit
             import shutil
-            import tempfile
-            self._sink = tempfile.mkdtemp(prefix="ledgerflow-spans-")
-            atexit.register(shutil.rmtree, self._sink, True)   # also if never closed
-        return self._sink
+
+            from ._spanfile import Sink
+            self._sink = Sink()
+            atexit.register(shutil.rmtree, self._sink.path, True)   # also if never closed
+        return str(self._sink.path)
 
     def committed(self, run_id: str, records: Sequence[Record], store: RunStore) -> None:
         """Turn one commit's records into span starts, events and ends."""
@@ -366,8 +367,7 @@ class Tracing:
         if end.started_at:
             span.add_event("started", {}, timestamp=_ns(end.started_at))
         if self._sink is not None:      # what the task opened in a worker process
-            from ._spanfile import adopt
-            adopt(self.provider, self._sink, span.get_span_context().span_id)
+            self._sink.adopt(self.provider, span.get_span_context().span_id)
         span.set_attributes(attrs)
         if end.outcome != "ok":
             span.set_attribute("error.type", end.error_type or end.outcome)
@@ -421,5 +421,5 @@ class Tracing:
             flush(5000)
         if self._sink is not None:
             import shutil
-            shutil.rmtree(self._sink, ignore_errors=True)
+            shutil.rmtree(self._sink.path, ignore_errors=True)
             self._sink = None

@@ -7,7 +7,7 @@ worker cannot export to it. Instead the worker's global tracer provider
 attempt) writes every span that ends during an attempt to a file of that
 attempt in the driver's sink folder (``<sink>/<attempt span id>.jsonl``,
 a private temporary folder); the driver reads it when the attempt ends
-(:func:`adopt`) and hands the spans to its own span processors, so they
+(:meth:`Sink.adopt`) and hands the spans to its own span processors, so they
 are exported with the driver's resource, wherever the driver's spans go.
 Imported only when tracing is on.
 """
@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -127,25 +128,60 @@ def stop() -> None:
         _current = None
 
 
-def adopt(provider: Any, sink: str, span_id: int) -> int:
-    """Hand the spans a worker wrote for the attempt ``span_id`` to ``provider``'s span
-    processors (an SDK provider; others are skipped); return how many."""
-    path = path_of(sink, span_id)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-        os.unlink(path)
-    except FileNotFoundError:
-        return 0
-    processor = getattr(provider, "_active_span_processor", None)
-    resource = getattr(provider, "resource", None)
-    if processor is None:
-        return 0
-    n = 0
-    for line in lines:
+class Sink:
+    """The driver's private folder of worker spans, probed cheaply at each attempt's end.
+
+    Most attempts run where no worker writes (threads, inline): the folder is
+    listed again only when its mtime changed, or when the last listing was
+    less than 50 ms after that mtime (a file made in the same clock tick would
+    not have changed it); otherwise an attempt's end costs one ``stat``.
+    """
+
+    _SETTLED_NS = 50_000_000
+
+    def __init__(self) -> None:
+        import tempfile
+        self.path = tempfile.mkdtemp(prefix="ledgerflow-spans-")
+        self._mtime = -1
+        self._listed = 0
+        self._names: set[str] = set()
+
+    def _has(self, name: str) -> bool:
+        if name in self._names:
+            return True
         try:
-            processor.on_end(from_dict(json.loads(line), resource))
-            n += 1
-        except Exception:      # a torn line (the worker was killed mid-write)
-            log.debug("a worker span could not be read back", exc_info=True)
-    return n
+            mtime = os.stat(self.path).st_mtime_ns
+        except OSError:
+            return False
+        if mtime == self._mtime and self._listed - mtime > self._SETTLED_NS:
+            return False
+        self._mtime, self._listed = mtime, time.time_ns()
+        self._names = set(os.listdir(self.path))
+        return name in self._names
+
+    def adopt(self, provider: Any, span_id: int) -> int:
+        """Hand the spans a worker wrote for the attempt ``span_id`` to ``provider``'s span
+        processors (an SDK provider; others are skipped); return how many."""
+        name = f"{span_id:016x}.jsonl"
+        if not self._has(name):
+            return 0
+        self._names.discard(name)
+        path = os.path.join(self.path, name)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                lines = fh.read().splitlines()
+            os.unlink(path)
+        except FileNotFoundError:
+            return 0
+        processor = getattr(provider, "_active_span_processor", None)
+        resource = getattr(provider, "resource", None)
+        if processor is None:
+            return 0
+        n = 0
+        for line in lines:
+            try:
+                processor.on_end(from_dict(json.loads(line), resource))
+                n += 1
+            except Exception:      # a torn line (the worker was killed mid-write)
+                log.debug("a worker span could not be read back", exc_info=True)
+        return n
