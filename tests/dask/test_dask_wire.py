@@ -18,8 +18,9 @@ from ledgerflow_dask import DaskExecutor
 pytestmark = [pytest.mark.dask, pytest.mark.timeout(180)]
 
 #: What one job of a trivial task may cost on the wire, pickled as the scheduler keeps
-#: it (its run spec: function reference, spec reference, job id, task key, attempt,
-#: arguments). Before the spec was shipped once per worker it was about 1,000 bytes.
+#: it (its run spec: function reference, spec id, job id, task key, attempt, arguments):
+#: about 205 bytes (raw ``client.submit`` of the same function: ~150). Before the spec
+#: was registered once per worker it was 530 (function by reference) to ~1,000 bytes.
 JOB_BYTES = 320
 #: What a plain success may cost coming back (it used to be ~400 bytes of Completion).
 ANSWER_BYTES = 64
