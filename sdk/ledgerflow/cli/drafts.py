@@ -201,7 +201,7 @@ def approve_draft(spec: str, digest: str, reason: str, by: str | None,
       pipeline approve-draft draft.toml --digest 3fa9c2d1e0b4
     """
     from .. import control as api
-    from ..approval import who
+    from ..identity import decider
     from ..specs import drafts
     from ..views import iso
     report, doc, header = _report(spec, policy_path)
@@ -217,7 +217,7 @@ def approve_draft(spec: str, digest: str, reason: str, by: str | None,
                          hint=f"see them all: pipeline validate {spec}")
     current = drafts.spec_digest(doc)
     decision, new = drafts.approve(api.open_ledger(store), spec, header, current, digest,
-                                   by=by or who(), reason=reason)
+                                   by=decider(by), reason=reason)
     if as_json:
         out(dumps({"spec": spec, "digest": current, "run": header.run, "new": new,
                    "approved_by": decision["decided_by"],

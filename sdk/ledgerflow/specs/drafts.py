@@ -55,9 +55,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from ..approval import APPROVED, who
-from ..deciding import MIN_PREFIX
+from ..approval import APPROVED
 from ..errors import ApprovalConflictError, InputError, RunNotFoundError, StaleDigestError
+from ..gates import MIN_PREFIX
+from ..identity import decider
 from ..keys import digest as content_digest
 
 #: The key of the header in a JSON draft (left out of the digest and the checks).
@@ -314,7 +315,7 @@ def approve(store: Any, path: str, header: DraftHeader, digest: str, prefix: str
                          f"ledger {store.location}",
                          hint="pass --store with the ledger the draft was made in") from None
     try:
-        return store.decide(header.run, DRAFT_REQUEST, digest, APPROVED, by or who(),
+        return store.decide(header.run, DRAFT_REQUEST, digest, APPROVED, decider(by),
                             reason), True
     except ApprovalConflictError:
         found = approval(store, header, digest)
