@@ -45,15 +45,24 @@ open on a caller's behalf (``pathlib``, ``io``, ``shutil``, ``tempfile``...):
 
 Nobody may read ``/proc/self/environ`` (secrets) or another process's files.
 
+**Threads.** A thread the tool starts (``threading.Thread``, or
+``_thread.start_new_thread``) runs under the tool's guard for its whole life,
+and work the tool submits to a ``ThreadPoolExecutor`` runs under it (a pool's
+worker thread itself does not: it serves later callers too). What they are
+refused fails the tool call like the tool's own refusal, when it happens
+before the tool returns; later, it is refused in the thread all the same.
+
 Limits, by construction of audit hooks: what C code does on its own (DuckDB
-opening its file, a C library's sockets) is not seen, nor what threads the
-tool starts do (they do not inherit the guard). This is a guard against a
-model steering a tool somewhere it was not meant to go, not a sandbox: run
-untrusted code as a ``ledgerflow.program`` task under bubblewrap.
+opening its file, a C library's sockets and threads) is not seen. This is a
+guard against a model steering a tool somewhere it was not meant to go, not a
+sandbox: run untrusted code as a ``ledgerflow.program`` task under bubblewrap.
 """
 
 from __future__ import annotations
 
+import _thread
+import concurrent.futures
+import concurrent.futures.thread
 import contextlib
 import contextvars
 import importlib.machinery
@@ -62,7 +71,7 @@ import re
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -333,12 +342,56 @@ def _path(g: Guard, path: str, writes: bool, event: str, *, fresh: bool = False)
              f"its roots: {', '.join(g.reads + g.writes) or 'none'}")
 
 
+def _under(g: Guard, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` run under guard ``g`` in whatever thread calls it."""
+    def run(*args: Any, **kwargs: Any) -> Any:
+        token = _active.set(g)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _active.reset(token)
+    return run
+
+
+_thread_start = threading.Thread.start
+_bare_start = _thread.start_new_thread
+_pool_submit = concurrent.futures.ThreadPoolExecutor.submit
+_POOL_WORKER = getattr(concurrent.futures.thread, "_worker", None)
+
+
+def _start(self: threading.Thread) -> None:
+    """``Thread.start``: a thread started under a guard runs its whole life under it
+    (not a pool's worker: :func:`_submit` guards the work it is given)."""
+    g = _active.get()
+    if g is not None and getattr(self, "_target", None) is not _POOL_WORKER:
+        self.run = _under(g, self.run)          # type: ignore[method-assign]
+    _thread_start(self)
+
+
+def _start_new_thread(fn: Callable[..., Any], args: tuple[Any, ...],
+                      kwargs: dict[str, Any] | None = None) -> int:
+    """``_thread.start_new_thread``, the guard carried into the thread."""
+    g = _active.get()
+    run = fn if g is None else _under(g, fn)
+    return _bare_start(run, args) if kwargs is None else _bare_start(run, args, kwargs)
+
+
+def _submit(self: concurrent.futures.ThreadPoolExecutor, fn: Callable[..., Any], /,
+            *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+    """``ThreadPoolExecutor.submit``: work submitted under a guard runs under it."""
+    g = _active.get()
+    return _pool_submit(self, fn if g is None else _under(g, fn), *args, **kwargs)
+
+
 def install() -> None:
-    """Install the audit hook (once per process; it cannot be removed)."""
+    """Install the audit hook and the thread hand-over (once per process; for good)."""
     global _installed
     with _install_lock:
         if not _installed:
             sys.addaudithook(_hook)
+            threading.Thread.start = _start             # type: ignore[method-assign]
+            _thread.start_new_thread = _start_new_thread
+            concurrent.futures.ThreadPoolExecutor.submit = _submit   # type: ignore[method-assign]
             _installed = True
 
 
