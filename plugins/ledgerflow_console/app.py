@@ -38,6 +38,7 @@ from ledgerflow.errors import (
 )
 
 from . import actions, pages, views
+from . import calls as agent_calls
 from .ledger import Ledger
 from .redact import Redactor, mask
 
@@ -220,6 +221,8 @@ def create_app(cfg: ConsoleConfig) -> ASGIApp:
             model["approvals"] = ledger.approvals(run)
         if notices:
             model["notices"] = ledger.notices(run)
+            if ledger.has("usage"):
+                model["has_calls"] = agent_calls.has_calls(ledger.usage(run))
         return model
 
     # -- HTML pages and fragments --------------------------------------------------------
@@ -278,8 +281,16 @@ def create_app(cfg: ConsoleConfig) -> ASGIApp:
         return html(pages.graph_svg(model, rid))
 
     def usage_fragment(request: Request) -> Response:
-        usage = ledger.usage(ledger.run(request.path_params["run_id"]))
-        return html(pages.usage_html(usage, views.usage_totals(usage)))
+        run = ledger.run(request.path_params["run_id"])
+        usage = ledger.usage(run)
+        return html(pages.usage_html(usage, views.usage_totals(usage),
+                                     agent_calls.calls(*ledger.calls(run))))
+
+    def api_calls(request: Request) -> Response:
+        run = ledger.run(request.path_params["run_id"])
+        rows = agent_calls.calls(*ledger.calls(run))
+        task = q_str(request, "task")
+        return _json_default([r for r in rows if task is None or r["task_key"] == task])
 
     # -- JSON ----------------------------------------------------------------------------
     def api_runs(request: Request) -> Response:
@@ -407,6 +418,7 @@ def create_app(cfg: ConsoleConfig) -> ASGIApp:
         Route("/api/runs/{run_id}/logs", api_logs),
         Route("/api/runs/{run_id}/approvals", api_approvals),
         Route("/api/runs/{run_id}/usage", api_usage),
+        Route("/api/runs/{run_id}/calls", api_calls),
         Route("/api/runs/{run_id}/cancel",
               action(lambda rid, _b: actions.cancel(ledger, rid)), methods=["POST"]),
         Route("/api/runs/{run_id}/resume",

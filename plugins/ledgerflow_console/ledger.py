@@ -141,6 +141,12 @@ class Ledger:
             return UNSUPPORTED
         return list(fn())
 
+    def calls(self, run: Run) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The run's model calls and tool calls (``Run.model_calls``, ``Run.tool_calls``)."""
+        mc = getattr(run, "model_calls", None)
+        tc = getattr(run, "tool_calls", None)
+        return (list(mc()) if callable(mc) else []), (list(tc()) if callable(tc) else [])
+
     def usage(self, run: Run) -> Any:
         """Model and tool calls with their usage (``Run.usage``), or UNSUPPORTED."""
         fn = getattr(run, "usage", None)

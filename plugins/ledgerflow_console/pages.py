@@ -173,7 +173,7 @@ def run_page(ctx: Ctx, model: Mapping[str, Any], live_src: str) -> str:
                  '<span class="muted">click a bar of the timeline or a task to see its '
                  "attempts, logs and lineage</span></div>")
     usage = ""
-    if ctx.has_usage:
+    if ctx.has_usage and model.get("has_calls", True):
         usage = (f'<h2>Model and tool calls</h2><div id="usage" class="box scroll" '
                  f'data-autoload="{e(run_path(rid, "/usage"))}"></div>')
     notices = notices_html(model.get("notices") or [])

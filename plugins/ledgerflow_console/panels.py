@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 from urllib.parse import urlencode
 
+from .calls import calls_html, has_calls, usage_tables
 from .markup import (
     OUTCOME_COLOURS,
     Ctx,
@@ -170,23 +171,32 @@ def _when(v: object) -> str:
     return "" if v is None else str(v)
 
 
-def usage_html(usage: Any, totals: Mapping[str, float] | None) -> str:
-    """Model and tool calls with their usage, whatever shape ``Run.usage()`` has."""
+def usage_html(usage: Any, totals: Mapping[str, float] | None,
+               call_rows: Sequence[Mapping[str, Any]] = ()) -> str:
+    """Usage as tables with plain headings, then each model and tool call in detail.
+
+    Nothing at all for a run without a model or tool call.
+    """
+    if not has_calls(usage) and not call_rows:
+        return ""
     head = ""
     if totals:
         head = (f'<div><b>{int(totals["tokens"]):,}</b> tokens · cost '
-                f'<b>{totals["cost"]:.4f}</b> · {int(totals["calls"]):,} calls</div>')
-    if isinstance(usage, Mapping):
+                f'<b>{totals["cost"]:.4f}</b> · {int(totals["calls"]):,} model calls</div>')
+    if isinstance(usage, Mapping) and isinstance(usage.get("totals"), Mapping):
+        return head + usage_tables(usage) + calls_html(call_rows)
+    if isinstance(usage, Mapping):          # another shape: shown as it is
         lists = {k: v for k, v in usage.items() if isinstance(v, list)}
         flat = {k: v for k, v in usage.items() if not isinstance(v, list)}
         out = head + (table([flat]) if flat else "")
         for k, v in lists.items():
             out += f"<h4>{e(k)}</h4>" + table([x if isinstance(x, Mapping) else {"value": x}
                                                 for x in v])
-        return out
+        return out + calls_html(call_rows)
     if isinstance(usage, list):
-        return head + table([x if isinstance(x, Mapping) else {"value": x} for x in usage])
-    return head + f"<pre>{e(usage)}</pre>"
+        return head + table([x if isinstance(x, Mapping) else {"value": x} for x in usage]
+                            ) + calls_html(call_rows)
+    return head + f"<pre>{e(usage)}</pre>" + calls_html(call_rows)
 
 
 def notices_html(notices: Sequence[Mapping[str, Any]]) -> str:

@@ -133,3 +133,66 @@ def test_a_small_fan_out_keeps_a_node_per_item() -> None:
     assert len(model["nodes"]) == 9 and model["fanouts_collapsed"] == 0
     assert ("part[0]", "part_fails[0]") in {(x["from"], x["to"]) for x in model["edges"]}
     assert 'data-key="part[3]"' in svg and "/inspect?task=part%5B3%5D" in svg
+
+
+# -- agent runs ---------------------------------------------------------------------------
+
+def _agent_flow(record: bool) -> Any:
+    from ledgerflow_agents import MockModel, agent_task, tool
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two whole numbers."""
+        return a + b
+
+    mock = MockModel(turns=[
+        {"tool_calls": [{"name": "rm_rf", "arguments": {"path": "/"}}]},
+        {"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}],
+         "usage": {"input_tokens": 120, "output_tokens": 18}},
+        {"text": "the sum is <3>"}])
+
+    @agent_task(model=mock, tools=[add], record_content=record)
+    def adder(question: str) -> str:
+        return question
+
+    @pipeline
+    def agent_flow():
+        return adder("what is 1 + 2?")
+
+    return agent_flow
+
+
+def test_an_agent_runs_calls_show_prompt_answer_arguments_result_and_refusal() -> None:
+    pytest.importorskip("ledgerflow_agents")
+    store = "memory:console-agent"
+    rid = _agent_flow(True).run(store=store).run_id
+    call = _console(store)
+    rows = json.loads(call("GET", f"/api/runs/{rid}/calls")[1])
+    assert [(r["kind"], r.get("tool") or r.get("model")) for r in rows] == [
+        ("model", "mock/mock-model"), ("tool", "rm_rf"), ("model", "mock/mock-model"),
+        ("tool", "add"), ("model", "mock/mock-model")]
+    first, refused, _, added, last = rows
+    assert first["prompt"] == [{"role": "user", "name": None, "text": "what is 1 + 2?"}]
+    assert refused["outcome"] == "refused" and refused["arguments"] == '{"path": "/"}'
+    assert "not allowed" in refused["result"]
+    assert added["outcome"] == "ok" and added["arguments"] == '{"a": 1, "b": 2}'
+    assert added["result"] == "3"
+    assert last["answer"] == "the sum is <3>" and rows[2]["input_tokens"] == 120
+    html = call("GET", f"/runs/{rid}/usage")[1]
+    assert "<th class=num>input tokens</th>" in html and "input_tokens" not in html
+    assert "the sum is &lt;3&gt;" in html and "<3>" not in html
+    assert 'data-kind="tool" data-task="adder" data-seq="2" data-outcome="refused"' in html
+    assert 'data-autoload="/runs/' + rid + '/usage"' in call("GET", f"/runs/{rid}")[1]
+
+
+def test_unrecorded_calls_say_so_and_runs_without_calls_show_no_usage() -> None:
+    pytest.importorskip("ledgerflow_agents")
+    store = "memory:console-agent-bare"
+    rid = _agent_flow(False).run(store=store).run_id
+    call = _console(store)
+    html = call("GET", f"/runs/{rid}/usage")[1]
+    assert "prompt and answer not recorded" in html and "arguments not recorded" in html
+    plain = wobbly_flow.run(store=store, executor="inline").run_id
+    assert call("GET", f"/runs/{plain}/usage")[1] == ""
+    page = call("GET", f"/runs/{plain}")[1]
+    assert "/usage" not in page and "Model and tool calls" not in page
