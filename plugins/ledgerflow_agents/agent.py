@@ -163,9 +163,9 @@ def run_agent(cfg: AgentConfig, bound: Mapping[str, Any], prompt: object) -> Any
                              "name": call["name"], "content": text})
             if cfg.cite:
                 cited += [c for c in re.findall(cfg.cite, text) if c not in cited]
-    exc = StepsExceeded(f"the agent made {cfg.max_steps} model calls without a final answer")
-    context().notice(exc.kind, str(exc))
-    raise exc
+    over = StepsExceeded(f"the agent made {cfg.max_steps} model calls without a final answer")
+    context().notice(over.kind, str(over))
+    raise over
 
 
 def agent_task(fn: Callable[..., object] | None = None, /, *, model: str | ChatModel,

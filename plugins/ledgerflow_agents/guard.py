@@ -391,7 +391,7 @@ def install() -> None:
             sys.addaudithook(_hook)
             threading.Thread.start = _start             # type: ignore[method-assign]
             _thread.start_new_thread = _start_new_thread
-            concurrent.futures.ThreadPoolExecutor.submit = _submit   # type: ignore[method-assign]
+            setattr(concurrent.futures.ThreadPoolExecutor, "submit", _submit)  # noqa: B010
             _installed = True
 
 
