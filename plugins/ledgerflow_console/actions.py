@@ -209,3 +209,81 @@ def approve(ledger: Ledger, run_id: str, body: Mapping[str, Any]) -> dict[str, A
 def reject(ledger: Ledger, run_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
     """Reject a pending request (``ledgerflow.reject``) with a reason."""
     return _decide(ledger, run_id, body, "reject")
+
+
+#: Parameters one start may pass, and the longest value.
+START_PARAMS = 100
+START_VALUE_CHARS = 10_000
+
+
+def known_targets(ledger: Ledger) -> dict[str, str]:
+    """The pipelines the console may start: each target already run in this ledger, with
+    its newest run's id."""
+    out: dict[str, str] = {}
+    for v in ledger.runs(limit=1000):
+        if v.target:
+            out.setdefault(v.target, v.run_id)
+    return dict(sorted(out.items()))
+
+
+def start(ledger: Ledger, body: Mapping[str, Any]) -> dict[str, Any]:
+    """Start ``pipeline run TARGET -p K=V ...`` as a detached process (a new run).
+
+    ``body``: ``{"target": "flows.py:demo", "params": {"n": "5"}}``, values
+    written as on the command line and typed as ``-p`` types them (the
+    pipeline's hints). The target must be one already run in this ledger.
+
+    Raises:
+        InputError: an unknown target, a malformed parameter, or one the
+            pipeline refuses (its one-line cause, as ``pipeline run`` says it).
+    """
+    _reap()
+    unknown = set(body) - {"target", "params"}
+    if unknown:
+        raise InputError(f"unknown field(s) {', '.join(sorted(map(str, unknown)))}",
+                         hint='send {"target": "...", "params": {"name": "value"}}')
+    target, params = body.get("target"), body.get("params") or {}
+    known = known_targets(ledger)
+    if not isinstance(target, str) or target not in known:
+        raise InputError(f"{target!r} is not a pipeline run in this ledger",
+                         hint="start one of: " + (", ".join(known) or "(none yet)"))
+    if not isinstance(params, Mapping) or len(params) > START_PARAMS:
+        raise InputError("params must be an object of at most 100 name: value strings",
+                         hint='send "params": {"n": "5"}')
+    argv_p: list[str] = []
+    for k, v in params.items():
+        if not (isinstance(k, str) and k.isidentifier()) or not isinstance(v, str) \
+                or len(v) > START_VALUE_CHARS or "\x00" in v:
+            raise InputError(f"parameter {str(k)[:40]!r} must be a name with a text value "
+                             f"of at most {START_VALUE_CHARS:,} characters",
+                             hint="write values as on the command line: -p n=5")
+        argv_p += ["-p", f"{k}={v}"]
+    run = ledger.run(known[target])
+    kind = ledger.store_kind(run)
+    if kind not in ("duckdb", "postgres"):
+        raise InputError(f"runs in a {kind!r} store cannot be started from another process",
+                         hint="start it from the process that holds the store")
+    location = ledger.location(run)
+    env = {**os.environ, "LEDGERFLOW_STORE": location}      # not argv: it may hold a password
+    # the CLI types and checks the parameters, without running anything
+    check = subprocess.run([sys.executable, "-m", "ledgerflow", "graph", target, *argv_p],
+                           capture_output=True, text=True, env=env, timeout=120,
+                           stdin=subprocess.DEVNULL)
+    if check.returncode != 0:
+        lines = [x for x in check.stderr.splitlines() if x.strip()]
+        err = next((x[len("Error: "):] for x in lines if x.startswith("Error: ")),
+                   lines[-1] if lines else f"pipeline graph exited {check.returncode}")
+        hint = next((x[len("Hint: "):] for x in lines if x.startswith("Hint: ")), None)
+        raise InputError(err, hint=hint or "check the parameters")
+    log, out = _new_log(_log_folder(location, kind), "start")
+    argv = [sys.executable, "-m", "ledgerflow", "run", target, *argv_p]
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                close_fds=True, env=env)
+    finally:
+        os.close(out)
+    with _children_lock:
+        _children.append(proc)
+    return {"message": f"run of {target} started (pid {proc.pid}); output in {log}",
+            "target": target, "params": dict(params), "pid": proc.pid, "log": str(log)}

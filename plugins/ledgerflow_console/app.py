@@ -233,6 +233,8 @@ def create_app(cfg: ConsoleConfig) -> ASGIApp:
         src = "/?" + urlencode({"part": "live", **q})
         if request.query_params.get("part") == "live":
             return html(pages.runs_table(c, model, src))
+        if cfg.allow_actions:
+            model["targets"] = list(actions.known_targets(ledger))
         return html(pages.runs_page(c, model, src))
 
     def run_page(request: Request) -> Response:
@@ -371,7 +373,7 @@ def create_app(cfg: ConsoleConfig) -> ASGIApp:
                 return JSONResponse({"error": "the request body must be a JSON object",
                                      "hint": 'send {"task_key": "..."} or nothing'},
                                     status_code=400)
-            doc = await run_in_threadpool(fn, request.path_params["run_id"], body)
+            doc = await run_in_threadpool(fn, request.path_params.get("run_id", ""), body)
             return JSONResponse(doc, status_code=code)
         return endpoint
 
@@ -427,6 +429,10 @@ def create_app(cfg: ConsoleConfig) -> ASGIApp:
               action(lambda rid, b: actions.approve(ledger, rid, b)), methods=["POST"]),
         Route("/api/runs/{run_id}/reject",
               action(lambda rid, b: actions.reject(ledger, rid, b)), methods=["POST"]),
+        Route("/api/start", action(lambda _rid, b: actions.start(ledger, b), 202),
+              methods=["POST"]),
+        Route("/api/pipelines", lambda _r: JSONResponse(
+            [{"target": t, "last_run": r} for t, r in actions.known_targets(ledger).items()])),
         Route("/metrics", metrics),
         Route("/favicon.ico", lambda _r: PlainTextResponse("", status_code=204)),
     ]

@@ -155,6 +155,13 @@ async function act(b){
   const body = {};
   if (b.dataset.task) body.task_key = b.dataset.task;
   if (b.dataset.digest) body.digest = b.dataset.digest;
+  if (b.dataset.form){
+    const f = document.querySelector(b.dataset.form);
+    body.target = f.querySelector('[name=target]').value; body.params = {};
+    f.querySelector('[name=params]').value.split('\n').map(s => s.trim()).filter(Boolean)
+      .forEach(s => { const i = s.indexOf('=');
+        body.params[i < 0 ? s : s.slice(0, i)] = i < 0 ? '' : s.slice(i + 1); });
+  }
   if (b.dataset.ask){ const r = prompt(b.dataset.ask, ''); if (r === null) return; body.reason = r; }
   const r = await fetch(b.dataset.action, {method:'POST', body: JSON.stringify(body),
     headers:{'Content-Type':'application/json','X-Ledgerflow-Token':TOKEN}});

@@ -100,7 +100,23 @@ def runs_page(ctx: Ctx, model: Mapping[str, Any], live_src: str) -> str:
             + _select("state", states, f["state"], "state")
             + _select("pipeline", model["pipelines"], f["pipeline"], "pipeline")
             + '<span class="muted">refreshes every few seconds</span></form>')
-    return layout(ctx, "runs", "<h1>Runs</h1>" + form + runs_table(ctx, model, live_src))
+    return layout(ctx, "runs", "<h1>Runs</h1>" + form + start_form(ctx, model)
+                  + runs_table(ctx, model, live_src))
+
+
+def start_form(ctx: Ctx, model: Mapping[str, Any]) -> str:
+    """Start a run of a pipeline already run here, with parameters (actions only)."""
+    targets = model.get("targets") or []
+    if not ctx.actions or not targets:
+        return ""
+    opts = "".join(f'<option value="{e(t)}">{e(t)}</option>' for t in targets)
+    return ('<details id="start" class="box"><summary>Start a run</summary>'
+            f'<label>pipeline <select name="target">{opts}</select></label> '
+            '<label>parameters, one <span class="mono">name=value</span> a line (as '
+            '<span class="mono">-p</span>)<br><textarea name="params" rows="3" cols="50">'
+            "</textarea></label><br>"
+            '<button data-action="/api/start" data-form="#start" '
+            'data-confirm="Start a new run?">start</button></details>')
 
 
 def runs_table(ctx: Ctx, model: Mapping[str, Any], live_src: str) -> str:
