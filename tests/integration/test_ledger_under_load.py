@@ -44,7 +44,6 @@ def _project(tmp_path: Path, **env: str) -> Project:
     return Project(tmp_path, Tally(0), **env)
 
 
-@pytest.mark.timeout(600)
 def _fifty_status_calls(p: Project, run_id: str) -> tuple[list, list[str], float]:
     """50 ``status`` calls, four at a time; stops early once three were refused."""
     answers: list[subprocess.CompletedProcess[str]] = []
@@ -64,6 +63,9 @@ def _fifty_status_calls(p: Project, run_id: str) -> tuple[list, list[str], float
     return answers, refused, statistics.median(took)
 
 
+@pytest.mark.timeout(600)
+@pytest.mark.xfail(strict=True, reason="issue 34 #1: under CPU load the driver holds the ledger "
+                   "lock; status waits ~30 s then fails 'ledger is locked by another process'")
 def test_readers_and_a_cancel_get_in_while_a_long_run_writes_under_load(
         tmp_path: Path, cpu_hog: None) -> None:
     p = _project(tmp_path, DELAY="0.001")
