@@ -158,7 +158,7 @@ async function act(b){
   if (b.dataset.form){
     const f = document.querySelector(b.dataset.form);
     body.target = f.querySelector('[name=target]').value; body.params = {};
-    f.querySelector('[name=params]').value.split('\n').map(s => s.trim()).filter(Boolean)
+    f.querySelector('[name=params]').value.split('\\n').map(s => s.trim()).filter(Boolean)
       .forEach(s => { const i = s.indexOf('=');
         body.params[i < 0 ? s : s.slice(0, i)] = i < 0 ? '' : s.slice(i + 1); });
   }
