@@ -17,7 +17,7 @@ import pytest
 
 from ledgerflow import pipeline
 from ledgerflow.errors import DefinitionError
-from ledgerflow_agents import MockModel, agent_task, tool
+from ledgerflow_agents import Arg, MockModel, agent_task, tool
 from ledgerflow_agents.output import parse_output
 
 
@@ -197,3 +197,36 @@ def test_agent_tasks_ask_again_in_every_run_unless_cache_is_asked(tmp_path: Path
         first, second = flow.run(store=store), flow.run(store=store)
         assert len(mock.requests) == calls
         assert (first.result(), second.result()) == (("a", "b") if not cache else ("a", "a"))
+
+
+@tool(writes=[Arg("out")])
+def save(path: Path, text: str, *, out: str) -> str:
+    """Write text to a file in the output folder."""
+    path.write_text(text)
+    return f"saved {path.name}"
+
+
+def test_a_path_outside_the_roots_goes_back_to_the_model_which_can_correct_it(
+        tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    mock = MockModel(turns=[
+        {"tool_calls": [{"name": "save", "arguments": {"path": "../escaped.txt", "text": "x"}}]},
+        {"tool_calls": [{"name": "save", "arguments": {"path": "kept.txt", "text": "x"}}]},
+        {"text": "saved"}])
+
+    @agent_task(model=mock, tools=[save])
+    def writer(question: str, out: str) -> str:
+        return question
+
+    @pipeline
+    def flow(out: str):
+        return writer("write it", out)
+
+    run = flow.run(str(out), store=_store(tmp_path))
+    assert run.result() == "saved" and (out / "kept.txt").read_text() == "x"
+    assert not (tmp_path / "escaped.txt").exists()
+    assert [c["outcome"] for c in run.tool_calls()] == ["refused", "ok"]
+    told = [m for m in mock.requests[1]["request"]["messages"] if m["role"] == "tool"]
+    assert told[0]["content"].startswith("error: refused:") and "escaped.txt" in \
+        told[0]["content"]
