@@ -107,11 +107,11 @@ def _log_folder(location: str, kind: str) -> Path:
         return _private
 
 
-def _new_log(folder: Path, run_id: str) -> tuple[Path, int]:
+def _new_log(folder: Path, run_id: str, action: str = "resume") -> tuple[Path, int]:
     """A new log file in ``folder``, opened for writing: never an existing file or a link."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     while True:
-        name = (f"resume-{run_id}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-"
+        name = (f"{action}-{run_id}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-"
                 f"{secrets.token_hex(3)}.log")
         try:
             return folder / name, os.open(folder / name, flags, 0o600)
@@ -275,7 +275,7 @@ def start(ledger: Ledger, body: Mapping[str, Any]) -> dict[str, Any]:
                    lines[-1] if lines else f"pipeline graph exited {check.returncode}")
         hint = next((x[len("Hint: "):] for x in lines if x.startswith("Hint: ")), None)
         raise InputError(err, hint=hint or "check the parameters")
-    log, out = _new_log(_log_folder(location, kind), "start")
+    log, out = _new_log(_log_folder(location, kind), "run", "start")
     argv = [sys.executable, "-m", "ledgerflow", "run", target, *argv_p]
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,

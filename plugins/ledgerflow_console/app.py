@@ -37,7 +37,7 @@ from ledgerflow.errors import (
     TaskNotFoundError,
 )
 
-from . import actions, pages, views
+from . import actions, graphs, pages, views
 from . import calls as agent_calls
 from .ledger import Ledger
 from .redact import Redactor, mask
@@ -279,7 +279,7 @@ def create_app(cfg: ConsoleConfig) -> ASGIApp:
 
     def graph_svg(request: Request) -> Response:
         rid = request.path_params["run_id"]
-        model = views.graph(ledger.view(ledger.run(rid), upstream=True))
+        model = graphs.graph(ledger.view(ledger.run(rid), upstream=True))
         return html(pages.graph_svg(model, rid))
 
     def usage_fragment(request: Request) -> Response:
@@ -332,7 +332,7 @@ def create_app(cfg: ConsoleConfig) -> ASGIApp:
 
     def api_graph(request: Request) -> Response:
         run = ledger.run(request.path_params["run_id"])
-        return JSONResponse(views.graph(ledger.view(run, upstream=True)))
+        return JSONResponse(graphs.graph(ledger.view(run, upstream=True)))
 
     def api_logs(request: Request) -> Response:
         if not ledger.has("logs"):

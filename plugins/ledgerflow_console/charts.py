@@ -4,7 +4,7 @@ The timeline draws one lane per task and one bar per attempt (at least
 :data:`MIN_BAR_W` pixels wide), or, above the lane limit, one lane per task
 name with attempts counted into time slices (:func:`ledgerflow_console.views.timeline`
 decides which); the graph is drawn in layers by depth, fan-outs folded
-into one node (:func:`ledgerflow_console.views.graph`).
+into one node (:func:`ledgerflow_console.graphs.graph`).
 """
 
 from __future__ import annotations
