@@ -139,7 +139,14 @@ class Ledger:
         fn = getattr(run, "approvals", None)
         if not callable(fn):
             return UNSUPPORTED
-        return list(fn())
+        rows = list(fn())
+        try:      # what an approver sees: argument values, what changed (ledgerflow.approval)
+            from ledgerflow.approval import previous_of, request_doc
+        except ImportError:
+            return rows
+        keep = ("arguments", "inputs", "changed", "previous")
+        return [{**r, **{k: v for k, v in request_doc(r, previous_of(rows, r)).items()
+                         if k in keep}} for r in rows]
 
     def calls(self, run: Run) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The run's model calls and tool calls (``Run.model_calls``, ``Run.tool_calls``)."""

@@ -8,6 +8,7 @@ not drawn.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 from urllib.parse import urlencode
@@ -158,11 +159,39 @@ def approvals_html(ctx: Ctx, rid: str, approvals: Sequence[Mapping[str, Any]]) -
                     f'<td class="mono">{e(_when(a.get("requested_at")))}</td>'
                     f'<td class="mono">{e(_when(a.get("deadline")))}</td>'
                     f'<td>{e(a.get("state"))}</td><td>{e(a.get("decided_by"))}</td>'
-                    f"<td>{buttons}</td></tr>")
+                    f"<td>{buttons}</td></tr>" + _request_html(a))
     return (f'<h2>Approvals ({len(pending)} pending)</h2><table id="approvals"><thead><tr>'
             "<th>task</th><th>action</th><th>summary</th><th>digest</th><th>requested</th>"
             "<th>deadline</th><th>state</th><th>decided by</th><th></th></tr></thead>"
             f'<tbody>{"".join(rows)}</tbody></table>')
+
+
+def _request_html(a: Mapping[str, Any]) -> str:
+    """What the approver decides on: argument values, note, approvers, what changed."""
+    args = a.get("arguments") or {}
+    changed = a.get("changed")
+    if not (args or a.get("note") or a.get("approvers") or changed):
+        return ""
+    parts = []
+    if a.get("note"):
+        parts.append(f'<div class="note"><b>note</b>: {e(a["note"])}</div>')
+    parts.append("<div><b>who may decide</b>: " + (
+        e(", ".join(map(str, a["approvers"]))) if a.get("approvers") else "anyone with the token")
+        + "</div>")
+    if isinstance(args, Mapping) and args:
+        parts.append('<table class="arguments"><thead><tr><th>argument</th><th>value</th>'
+                     "</tr></thead><tbody>" + "".join(
+                         f'<tr data-arg="{e(k)}"><td class="mono">{e(k)}</td>'
+                         f'<td class="mono">{e(v if isinstance(v, str) else json.dumps(v, default=str))}'
+                         "</td></tr>" for k, v in args.items()) + "</tbody></table>")
+    if changed:
+        parts.append('<div class="changed"><b>changed since the last request</b>: ' + "; ".join(
+            f'<span class="mono">{e(c.get("field"))}</span>: {e(c.get("before"))} → '
+            f"{e(c.get('after'))}" for c in changed if isinstance(c, Mapping)) + "</div>")
+    elif changed is not None:
+        parts.append('<div class="muted">nothing changed since the last request</div>')
+    return (f'<tr class="request" data-task="{e(a.get("task_key"))}"><td colspan="9">'
+            + "".join(parts) + "</td></tr>")
 
 
 def _when(v: object) -> str:

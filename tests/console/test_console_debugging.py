@@ -196,3 +196,32 @@ def test_unrecorded_calls_say_so_and_runs_without_calls_show_no_usage() -> None:
     assert call("GET", f"/runs/{plain}/usage")[1] == ""
     page = call("GET", f"/runs/{plain}")[1]
     assert "/usage" not in page and "Model and tool calls" not in page
+
+
+# -- approvals: what is being approved ----------------------------------------------------
+
+def test_a_task_gates_request_shows_argument_values_note_and_approvers() -> None:
+    from ledgerflow import Approval
+
+    @task
+    def build(n: int) -> list[int]:
+        return list(range(n))
+
+    @task(approve=Approval(approvers=["ana", "bo"], note="check the <target> first"))
+    def publish(xs: list[int], target: str) -> int:
+        return len(xs)
+
+    @pipeline
+    def gated_flow(n: int = 3, target: str = "prod"):
+        return publish(build(n), target)
+
+    store = "memory:console-gate"
+    rid = gated_flow.run(store=store, executor="inline", target="<prod>").run_id
+    html = _console(store)("GET", f"/runs/{rid}")[1]
+    assert '<tr class="request" data-task="publish">' in html
+    text = html[html.index('<tr class="request"'):html.index("</table>", html.index(
+        '<table class="arguments">'))]
+    assert "check the &lt;target&gt; first" in text and "ana, bo" in text
+    assert re.search(r'data-arg="target"><td class="mono">target</td><td class="mono">'
+                     r"[^<]*&lt;prod&gt;", text)
+    assert re.search(r'data-arg="xs">.*?\[0, 1, 2\]', text)
