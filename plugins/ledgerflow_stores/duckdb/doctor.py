@@ -241,8 +241,10 @@ def _all_segments(store: DuckDBStore, run_id: str) -> list[tuple[int, Path]]:
 
 
 def _damage(con: Any, run_id: str) -> list[tuple[int, int, str]]:
-    return con.execute('SELECT token, "offset", reason FROM journal_damage WHERE run_id = ? '
-                       "ORDER BY token", [run_id]).fetchall()
+    rows: list[tuple[int, int, str]] = con.execute(
+        'SELECT token, "offset", reason FROM journal_damage WHERE run_id = ? ORDER BY token',
+        [run_id]).fetchall()
+    return rows
 
 
 def _copy_from_old(store: DuckDBStore, con: Any,
