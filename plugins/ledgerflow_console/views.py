@@ -68,17 +68,21 @@ def run_trigger(v: RunView) -> dict[str, Any] | None:
 
 
 def trigger_text(trig: Mapping[str, Any] | None) -> str:
-    """A trigger in one line: ``watch (3 paths: a, b, c ...)``, ``every 10m``; '' if none."""
+    """A trigger in one line, as ``pipeline watch`` records it: ``files: 3 changes (a.md,
+    b.md ...)``, ``cron slot 2026-12-02T08:00:00Z, 2 missed``, ``start``; '' if none."""
     if not trig:
         return ""
     what = str(trig.get("kind") or "?")
-    for k in ("every", "cron", "slot"):
-        if trig.get(k):
-            what += f" {k} {trig[k]}" if k != "every" else f" {trig[k]}"
+    if trig.get("slot"):
+        what += f" slot {trig['slot']}"
+    if trig.get("missed"):
+        what += f", {trig['missed']} missed"
     paths = [str(p) for p in trig.get("paths") or []]
-    if paths:
-        what += (f" ({len(paths)} path{'s' if len(paths) != 1 else ''}: "
-                 + ", ".join(paths[:3]) + (" ..." if len(paths) > 3 else "") + ")")
+    n = int(trig.get("changes") or len(paths))
+    if paths or n:
+        what += (f": {n} change{'' if n == 1 else 's'}"
+                 + (" (" + ", ".join(paths[:3]) + (" ..." if len(paths) > 3 else "") + ")"
+                    if paths else ""))
     return what
 
 

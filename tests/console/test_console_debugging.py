@@ -225,3 +225,26 @@ def test_a_task_gates_request_shows_argument_values_note_and_approvers() -> None
     assert re.search(r'data-arg="target"><td class="mono">target</td><td class="mono">'
                      r"[^<]*&lt;prod&gt;", text)
     assert re.search(r'data-arg="xs">.*?\[0, 1, 2\]', text)
+
+
+def test_a_recorded_trigger_is_shown_on_the_runs_and_the_run_page() -> None:
+    from ledgerflow.views import RunView
+    from ledgerflow_console import pages, views
+    trig = {"kind": "files", "paths": ["docs/a.md", "docs/b.md", "docs/c.md", "docs/d.md"],
+            "changes": 5, "slot": None, "missed": 0, "watcher_pid": 4242}
+    v = RunView("r1", pipeline="index", target="flows.py:index", params='{"root": "docs"}',
+                options=json.dumps({"trigger": trig}), created_at=1000.0, state="succeeded",
+                ended_at=1001.0)
+    model = views.runs_page([v], state=None, pipeline=None, extras={}, now=1002.0)
+    assert model["runs"][0]["trigger"] == trig
+    ctx = pages.Ctx(store="s", actions=False)
+    html = pages.runs_table(ctx, model, "/?part=live")
+    assert ('<td class="trigger">files: 5 changes (docs/a.md, docs/b.md, docs/c.md ...)</td>'
+            in html)
+    head = views.run_header(v, now=1002.0)
+    assert head["trigger"] == trig and head["params"] == {"root": "docs"}
+    box = pages.params_html(head)
+    assert "files: 5 changes" in box and "flows.py:index" in box
+    cron = {"kind": "cron", "paths": [], "changes": 0, "slot": "2026-12-02T08:00:00Z",
+            "missed": 2}
+    assert views.trigger_text(cron) == "cron slot 2026-12-02T08:00:00Z, 2 missed"
