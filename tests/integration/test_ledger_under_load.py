@@ -64,8 +64,6 @@ def _fifty_status_calls(p: Project, run_id: str) -> tuple[list, list[str], float
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(strict=True, reason="issue 34 #1: under CPU load the driver holds the ledger "
-                   "lock; status waits ~30 s then fails 'ledger is locked by another process'")
 def test_readers_and_a_cancel_get_in_while_a_long_run_writes_under_load(
         tmp_path: Path, cpu_hog: None) -> None:
     p = _project(tmp_path, DELAY="0.001")

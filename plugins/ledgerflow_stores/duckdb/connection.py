@@ -29,6 +29,7 @@ import duckdb
 from ledgerflow.errors import DamagedLedgerError, NotALedgerError, StoreError, StoreLockedError
 
 from . import schema
+from .waiting import Waiting
 
 T = TypeVar("T")
 
@@ -157,6 +158,8 @@ class Ledger:
         self.location = location
         self.lock_timeout = lock_timeout
         self.lock = process_lock(location)
+        #: readers of other processes waiting for the file (folds yield to them)
+        self.waiting = Waiting(Path(location + ".d") / "readers")
         self.version: int | None = None     # known once checked
         #: threads in a :meth:`reading` block, and the read connection each keeps
         self._kept: dict[int, Any] = {}
@@ -228,9 +231,8 @@ class Ledger:
                 return
             con = self._kept.get(me) if kept and not write else None
             if con is None:
-                con = wait_for_lock(lambda: self._open(write),
-                                    timeout=self.lock_timeout if timeout is None else timeout,
-                                    what=f"ledger {self.location}")
+                con = self._open_waiting(write, self.lock_timeout if timeout is None
+                                         else timeout)
                 if kept and not write:
                     self._kept[me] = con
             try:
@@ -243,6 +245,19 @@ class Ledger:
             finally:
                 if self._kept.get(me) is not con:
                     con.close()
+
+    def _open_waiting(self, write: bool, timeout: float) -> Any:
+        """:meth:`_open`, waiting for a lock another process holds; a reader that
+        waits says so (:mod:`.waiting`), and folds yield the file to it."""
+        try:
+            return self._open(write)
+        except duckdb.Error as exc:
+            if not is_lock_error(exc):
+                raise
+        marked = contextlib.nullcontext() if write else self.waiting.reader()
+        with marked:
+            return wait_for_lock(lambda: self._open(write), timeout=timeout,
+                                 what=f"ledger {self.location}")
 
     def _open(self, write: bool) -> Any:
         try:

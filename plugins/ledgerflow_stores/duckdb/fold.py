@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,11 +80,14 @@ class Fold:
         self.policy = policy
 
     def run(self, con: Any, run_id: str, max_bytes: int | None = None, *,
-            segs: list[tuple[int, Path]] | None = None) -> bool:
+            segs: list[tuple[int, Path]] | None = None,
+            yield_to: Callable[[], bool] | None = None) -> bool:
         """Fold ``run_id``'s journal; with ``max_bytes``, stop after about that much.
 
         ``segs``: these segments (archived ones too, for a rebuild) instead of the
-        live ones. Returns True if journal was left unfolded because of ``max_bytes``.
+        live ones. ``yield_to``: stop after the batch in progress once it is true (a
+        reader waits for the file). Returns True if journal was left unfolded
+        because of ``max_bytes`` or ``yield_to``.
         """
         segs = self.journals.segments(run_id) if segs is None else segs
         if not segs:
@@ -92,17 +96,18 @@ class Fold:
         # ~10% more time at 100k tasks)
         con.execute(f"SET memory_limit='{self.policy.memory_limit}'")
         try:
-            return self._segments(con, run_id, segs, max_bytes)
+            return self._segments(con, run_id, segs, max_bytes, yield_to)
         except duckdb.OutOfMemoryException:
             # DuckDB cannot spill every operator: what needs more than the limit gets
             # it (each batch committed with its offset, so this continues, not redoes)
             log.info("fold of run %s needs more than %s; retrying without the limit",
                      run_id, self.policy.memory_limit)
             con.execute("RESET memory_limit")
-            return self._segments(con, run_id, self.journals.segments(run_id), max_bytes)
+            return self._segments(con, run_id, self.journals.segments(run_id), max_bytes,
+                                  yield_to)
 
     def _segments(self, con: Any, run_id: str, segs: list[tuple[int, Path]],
-                  max_bytes: int | None) -> bool:
+                  max_bytes: int | None, yield_to: Callable[[], bool] | None) -> bool:
         budget = max_bytes
         folded = dict(con.execute('SELECT token, "offset" FROM journal_folds WHERE run_id = ?',
                                   [run_id]).fetchall())
@@ -127,6 +132,8 @@ class Fold:
                     budget -= len(body)
                     if budget <= 0:
                         return True
+                if yield_to is not None and yield_to():
+                    return True
         return False
 
     def _batch(self, con: Any, run_id: str, token: int, stale: bool, path: Path,

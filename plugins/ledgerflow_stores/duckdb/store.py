@@ -170,8 +170,11 @@ class DuckDBStore(RecordReads):
 
     def _fold_bite(self, run_id: str, max_bytes: int) -> bool:
         # a bounded bite, then the file is free again for readers in other processes
+        waiting = self.ledger.waiting
+        if waiting.any():
+            return True         # a reader waits for the file: try again a bit later
         with self.ledger.connect(True, timeout=0.05) as con:
-            return self.folds.run(con, run_id, max_bytes=max_bytes)
+            return self.folds.run(con, run_id, max_bytes=max_bytes, yield_to=waiting.any)
 
     def fold_run(self, run_id: str, *, max_bytes: int | None = None,
                  archive_finished: bool = False) -> bool:
@@ -187,8 +190,12 @@ class DuckDBStore(RecordReads):
                                                                      self.policy.bite_bytes)
             # each bite on a fresh connection: DuckDB keeps what it cached while a
             # connection stays open, on top of the run's own memory
+            # readers of other processes waiting for the file get in first (a
+            # bounded wait, then at least one batch: the fold is never starved)
+            waiting = self.ledger.waiting
+            waiting.wait_gone(timeout=min(5.0, self.ledger.lock_timeout))
             with self.ledger.connect(True) as con:
-                more = self.folds.run(con, run_id, max_bytes=bite)
+                more = self.folds.run(con, run_id, max_bytes=bite, yield_to=waiting.any)
                 if more:
                     if budget is not None:
                         budget -= bite
