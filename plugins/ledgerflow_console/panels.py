@@ -190,7 +190,7 @@ def _request_html(a: Mapping[str, Any]) -> str:
             f"{e(c.get('after'))}" for c in changed if isinstance(c, Mapping)) + "</div>")
     elif changed is not None:
         parts.append('<div class="muted">nothing changed since the last request</div>')
-    return (f'<tr class="request" data-task="{e(a.get("task_key"))}"><td colspan="9">'
+    return (f'<tr class="request" data-request-for="{e(a.get("task_key"))}"><td colspan="9">'
             + "".join(parts) + "</td></tr>")
 
 

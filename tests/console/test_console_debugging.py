@@ -218,7 +218,7 @@ def test_a_task_gates_request_shows_argument_values_note_and_approvers() -> None
     store = "memory:console-gate"
     rid = gated_flow.run(store=store, executor="inline", target="<prod>").run_id
     html = _console(store)("GET", f"/runs/{rid}")[1]
-    assert '<tr class="request" data-task="publish">' in html
+    assert '<tr class="request" data-request-for="publish">' in html
     text = html[html.index('<tr class="request"'):html.index("</table>", html.index(
         '<table class="arguments">'))]
     assert "check the &lt;target&gt; first" in text and "ana, bo" in text
