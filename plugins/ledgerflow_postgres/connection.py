@@ -29,8 +29,11 @@ from . import schema
 log = logging.getLogger("ledgerflow")
 T = TypeVar("T")
 
-#: Seconds an operation waits for the database to come back (LEDGERFLOW_STORE_WAIT).
-DEFAULT_WAIT = 20.0
+#: Seconds an operation waits for the database to come back (LEDGERFLOW_STORE_WAIT):
+#: minutes, so a restart of the server (crash recovery included) is waited out.
+DEFAULT_WAIT = 180.0
+#: Seconds between the "still waiting" messages of an outage.
+PROGRESS_EVERY = 15.0
 
 
 def env_seconds(name: str, default: float) -> float:
@@ -95,6 +98,7 @@ class Database:
         self.wait = wait
         self.shown = mask(url)
         self._outage_lock = threading.Lock()
+        self.progress_every = PROGRESS_EVERY
 
     def connect(self, *, timeout: float | None = None) -> Any:
         """A new autocommit connection (raises psycopg errors)."""
@@ -119,6 +123,7 @@ class Database:
         """
         bound = self.wait if wait is None else wait
         started: float | None = None
+        told = 0.0
         delay = 0.05
         retry = False
         while True:
@@ -135,7 +140,7 @@ class Database:
                 reset()
                 now = time.monotonic()
                 if started is None:
-                    started = now
+                    started = told = now
                     log.warning("ledgerflow: database %s unreachable while %s (%s); "
                                 "waiting up to %gs for it (LEDGERFLOW_STORE_WAIT)",
                                 self.shown, what, _first_line(exc), bound)
@@ -143,6 +148,10 @@ class Database:
                     reason = fenced()
                     if reason is not None:
                         raise LeaseLostError(f"lease lost: {reason}") from exc
+                if now - told >= self.progress_every and now - started < bound:
+                    told = now
+                    log.warning("ledgerflow: still waiting for database %s (%.0fs of %gs)",
+                                self.shown, now - started, bound)
                 if now - started >= bound:
                     raise StoreUnavailableError(
                         f"store unavailable: database {self.shown} did not answer for "
