@@ -232,7 +232,10 @@ class Project:
 
     def check_repeats(self, run_id: str) -> None:
         """A side effect that ran n times has n - 1 attempts shown as ``lost``."""
-        _, tasks, outcomes = self.sql()
+        try:
+            _, tasks, outcomes = self.sql()
+        except duckdb.Error:                        # (check_sql counted it as stale)
+            return
         for mark, n in self.effects().items():
             key = task_key(mark)
             if key not in tasks.get(run_id, {}):          # another run's side effect
@@ -258,7 +261,11 @@ class Project:
                                           f"{(res.stdout + res.stderr).strip()[-300:]}")
                 return None
         else:                                       # finished before the kill: fold it
-            self.cli("fold")
+            fold = self.cli("fold")
+            if fold.returncode != 0:
+                self.tally.stale.append(f"{self.root.name} {run_id}: fold exit "
+                                        f"{fold.returncode}: {(fold.stdout + fold.stderr)[-300:]}")
+                return None
         after = self.status(run_id)
         if after is None:
             return None
