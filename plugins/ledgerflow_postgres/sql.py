@@ -196,10 +196,18 @@ TAKE_OVER_SQL: Final = (
     "acquired_at = now(), renewed_at = now(), "
     "expires_at = now() + make_interval(secs => %s) WHERE run_id = %s")
 
-#: A worker's claim of the oldest run waiting for a driver (named parameters).
+#: The unexpired leases of active runs held on a host (whose holder may be dead).
+HELD_ON_HOST_SQL: Final = (
+    "SELECT l.run_id, l.pid, l.pid_start FROM leases l JOIN runs r USING (run_id) "
+    "WHERE r.state = ANY(%s) AND l.expires_at > now() AND l.host = %s")
+
+#: A worker's claim of the oldest run waiting for a driver (named parameters); ``dead``:
+#: 'run/pid/start' of same-host holders not alive, taken over at once (unchanged since).
 CLAIM_SQL: Final = (
     "WITH cand AS (SELECT l.run_id FROM leases l JOIN runs r USING (run_id) "
-    "WHERE r.state = ANY(%(active)s) AND l.expires_at <= now() "
+    "WHERE r.state = ANY(%(active)s) AND (l.expires_at <= now() OR "
+    "l.run_id || '/' || coalesce(l.pid, 0) || '/' || coalesce(l.pid_start, '') "
+    "= ANY(%(dead)s)) "
     "AND NOT (l.run_id = ANY(%(skip)s)) ORDER BY r.created_at LIMIT 1 "
     "FOR UPDATE OF l SKIP LOCKED) "
     "UPDATE leases l SET token = l.token + 1, pid = %(pid)s, host = %(host)s, "

@@ -56,6 +56,7 @@ from .lease import DEFAULT_TTL, RUNS_CHANNEL, SIGNALS_CHANNEL, Keeper, holder, h
 from .sql import (
     CLAIM_SQL,
     COMMIT_SQL,
+    HELD_ON_HOST_SQL,
     LEASE_FOR_UPDATE_SQL,
     TAKE_OVER_SQL,
     commit_params,
@@ -203,7 +204,7 @@ class PostgresStore(RecordReads):
         """Take the lease of the oldest run that waits for a driver (``pipeline worker``).
 
         A run waits when it is ``submitted``, or ``running``/``cancelling`` with
-        an expired lease (its driver died). Rows other workers are claiming
+        an expired lease or a holder on this host that is not alive (its driver died). Rows other workers are claiming
         are skipped (``FOR UPDATE SKIP LOCKED``). The lease is held (renewed)
         from here on; :meth:`take_over` of that run returns it.
         """
@@ -212,10 +213,13 @@ class PostgresStore(RecordReads):
 
         def attempt(retry: bool) -> tuple[str, int] | None:
             con = self.conns.writer()
+            # a dead holder on this host is taken over at once, not at lease expiry
+            dead = [f"{r}/{p or 0}/{s or ''}" for r, p, s in con.execute(
+                HELD_ON_HOST_SQL, [list(_ACTIVE), host]).fetchall() if holder_gone(p, host, s)]
             sent[0] = time.monotonic()
             row = con.execute(CLAIM_SQL, {"active": list(_ACTIVE), "skip": list(skip),
                                           "pid": pid, "host": host, "start": start,
-                                          "ttl": self.ttl}).fetchone()
+                                          "ttl": self.ttl, "dead": dead}).fetchone()
             return None if row is None else (row[0], int(row[1]))
 
         with self._wlock:

@@ -2,7 +2,7 @@
 
 A run waits for a driver when it was recorded by ``pipeline submit``
 (``submitted``) or when its driver died (``running``/``cancelling`` with an
-expired lease). Workers on any number of machines claim them one at a time
+expired lease, or a holder on this host that is not alive). Workers on any number of machines claim them one at a time
 with ``FOR UPDATE SKIP LOCKED`` (:meth:`PostgresStore.claim`: two workers
 never claim the same run, and a claim takes a new fencing token), then
 drive each with ``ledgerflow.resume`` on the executor given (``--executor
