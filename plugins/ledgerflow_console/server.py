@@ -69,6 +69,8 @@ def serve(*, store: str | None, host: str, port: int, allow_actions: bool,
         threading.Timer(0.3, webbrowser.open, args=(url,)).start()
     try:
         server.run(sockets=[sock])
+    except KeyboardInterrupt:   # uvicorn re-raises the Ctrl-C it handled: stopping is the way out
+        pass
     finally:
         sock.close()
     sys.stdout.flush()
