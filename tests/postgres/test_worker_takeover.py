@@ -6,7 +6,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -45,13 +44,11 @@ def test_a_killed_workers_run_is_taken_over_at_once_on_the_same_host(
         assert status(pg_url, run_id).driver_pid == victim.pid
         victim.send_signal(signal.SIGKILL)
         victim.wait(10)
-        killed = time.monotonic()
         survivor = _worker(pg_url, tmp_path, "survivor", side)
+        # taken over within half the lease: not at its expiry (the victim renewed it)
         assert wait_until(lambda: q(pg_url, "SELECT token FROM runs WHERE run_id = %s",
-                                    [run_id]) == [(3,)], 60), \
+                                    [run_id]) == [(3,)], float(TTL) / 2), \
             (tmp_path / "survivor.log").read_text()
-        took = time.monotonic() - killed
-        assert took < float(TTL) / 2, f"taken over after {took:.0f}s: at lease expiry"
         assert wait_until(lambda: q(pg_url, "SELECT state FROM runs WHERE run_id = %s",
                                     [run_id]) == [("succeeded",)], 120)
         assert status(pg_url, run_id).driver_pid == survivor.pid
