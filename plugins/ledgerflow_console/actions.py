@@ -74,9 +74,18 @@ def resume(ledger: Ledger, run_id: str) -> dict[str, Any]:
         raise InputError(f"runs in a {kind!r} store cannot be resumed from another process",
                          hint="resume it from the process that holds the store")
     location = ledger.location(run)
-    log, out = _new_log(_log_folder(location, kind), run_id)
     argv = [sys.executable, "-m", "ledgerflow", "resume", run_id]
     env = {**os.environ, "LEDGERFLOW_STORE": location}      # not argv: it may hold a password
+    proc, log = _spawn(argv, env, _log_folder(location, kind), run_id)
+    return {"message": f"resume of {run_id} started (pid {proc.pid}); output in {log}",
+            "run_id": run_id, "pid": proc.pid, "log": str(log), "argv": argv}
+
+
+def _spawn(argv: list[str], env: dict[str, str], folder: Path,
+           *name: str) -> tuple[subprocess.Popen[bytes], Path]:
+    """Start ``argv`` detached (its own session, no stdin), its output in a new private log
+    in ``folder``; the console keeps the child to reap it."""
+    log, out = _new_log(folder, *name)
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True,
@@ -85,8 +94,7 @@ def resume(ledger: Ledger, run_id: str) -> dict[str, Any]:
         os.close(out)
     with _children_lock:
         _children.append(proc)
-    return {"message": f"resume of {run_id} started (pid {proc.pid}); output in {log}",
-            "run_id": run_id, "pid": proc.pid, "log": str(log), "argv": argv}
+    return proc, log
 
 
 _private: Path | None = None
@@ -275,15 +283,7 @@ def start(ledger: Ledger, body: Mapping[str, Any]) -> dict[str, Any]:
                    lines[-1] if lines else f"pipeline graph exited {check.returncode}")
         hint = next((x[len("Hint: "):] for x in lines if x.startswith("Hint: ")), None)
         raise InputError(err, hint=hint or "check the parameters")
-    log, out = _new_log(_log_folder(location, kind), "run", "start")
     argv = [sys.executable, "-m", "ledgerflow", "run", target, *argv_p]
-    try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                close_fds=True, env=env)
-    finally:
-        os.close(out)
-    with _children_lock:
-        _children.append(proc)
+    proc, log = _spawn(argv, env, _log_folder(location, kind), "run", "start")
     return {"message": f"run of {target} started (pid {proc.pid}); output in {log}",
             "target": target, "params": dict(params), "pid": proc.pid, "log": str(log)}

@@ -104,6 +104,14 @@ def _decided(doc: dict[str, Any], run_id: str, and_resume: bool, store: str | No
         out(f"continue it with: pipeline resume {run_id}")
 
 
+#: The options approve and reject share.
+_AS = click.option("--as", "by", metavar="NAME",
+                   help="Decide as NAME (default: your OS user's approver name); only a "
+                   "name the approvers mapping gives your OS user.")
+_RESUME = click.option("--resume", "and_resume", is_flag=True,
+                       help="Then resume the run here if no driver is alive.")
+
+
 @main.command()
 @click.argument("run_id")
 @click.argument("task_key")
@@ -111,11 +119,8 @@ def _decided(doc: dict[str, Any], run_id: str, and_resume: bool, store: str | No
               help="The digest of what you approve (at least 6 characters), as listed by "
               "pipeline approvals.")
 @click.option("--reason", default="", help="Why (recorded with the decision).")
-@click.option("--as", "by", metavar="NAME",
-              help="Decide as NAME (default: your OS user's approver name); only a name "
-              "the approvers mapping gives your OS user.")
-@click.option("--resume", "and_resume", is_flag=True,
-              help="Then resume the run here if no driver is alive.")
+@_AS
+@_RESUME
 @STORE
 @guard
 def approve(run_id: str, task_key: str, digest: str, reason: str, by: str | None,
@@ -135,11 +140,8 @@ def approve(run_id: str, task_key: str, digest: str, reason: str, by: str | None
 @click.argument("task_key")
 @click.option("--reason", required=True, help="Why (recorded; the task fails 'rejected').")
 @click.option("--digest", metavar="PREFIX", help="Check the request's digest too.")
-@click.option("--as", "by", metavar="NAME",
-              help="Decide as NAME (default: your OS user's approver name); only a name "
-              "the approvers mapping gives your OS user.")
-@click.option("--resume", "and_resume", is_flag=True,
-              help="Then resume the run here if no driver is alive.")
+@_AS
+@_RESUME
 @STORE
 @guard
 def reject(run_id: str, task_key: str, reason: str, digest: str | None, by: str | None,
