@@ -19,25 +19,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.postgres.pgserver import PgServer, missing_reason
+from tests.postgres.pgserver import started_or_skip
 
 from .conftest import cli_env, pipeline_cli, run_flow, start_console
 
 PASSWORD = "Planted-pw-7f3a9c"
 
-pytestmark = pytest.mark.subprocess
+pytestmark = [pytest.mark.subprocess, pytest.mark.postgres]
 
 
 @pytest.fixture(scope="module")
 def pg_url() -> Iterator[str]:
     """A fresh ledger schema on a private server, as a URL holding a password."""
-    reason = missing_reason()
-    if reason is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the postgres tests: {reason}")
-        pytest.skip(reason)
-    server = PgServer()
-    server.start()
+    server = started_or_skip()
     try:
         url = server.create_schema(f"lf_console_{os.getpid()}")
         yield url.replace("postgresql://postgres@", f"postgresql://postgres:{PASSWORD}@", 1)

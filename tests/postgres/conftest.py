@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .pgserver import PgServer, missing_reason
+from .pgserver import PgServer, started_or_skip
 
 _names = itertools.count()
 
@@ -21,13 +21,7 @@ _names = itertools.count()
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PgServer]:
     """A PostgreSQL server on 127.0.0.1 and a free port, for the whole session."""
-    reason = missing_reason()
-    if reason is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the postgres tests: {reason}")
-        pytest.skip(reason)
-    server = PgServer()
-    server.start()
+    server = started_or_skip()
     yield server
     server.destroy()
 
