@@ -37,6 +37,19 @@ def _store(tmp_path: Path) -> str:
     return str(tmp_path / "ledger.duckdb")
 
 
+def _ask(tmp_path: Path, mock: MockModel, **options: Any) -> Any:
+    """Run an agent task ``adder`` (tool: ``add``) asked "2 + 3?" with ``options``."""
+    @agent_task(model=mock, tools=[add], **options)
+    def adder(question: str) -> str:
+        return question
+
+    @pipeline
+    def flow():
+        return adder("2 + 3?")
+
+    return flow.run(store=_store(tmp_path))
+
+
 def _kinds(run: Any) -> list[str]:
     return [n["kind"] for n in run.notices()]
 
@@ -45,15 +58,7 @@ def test_invalid_arguments_are_corrected_at_most_corrections_times(tmp_path: Pat
     bad = {"tool_calls": [{"name": "add", "arguments": {"a": "two", "b": 3}}]}
     mock = MockModel(turns=[bad, bad, {"text": "never reached"}])
 
-    @agent_task(model=mock, tools=[add], corrections=1, retries=2)
-    def adder(question: str) -> str:
-        return question
-
-    @pipeline
-    def flow():
-        return adder("2 + 3?")
-
-    run = flow.run(store=_store(tmp_path))
+    run = _ask(tmp_path, mock, corrections=1, retries=2)
     row = run.status().tasks["adder"]
     assert row.state == "failed" and row.attempts == 1 and "ToolNotAllowed" in row.error
     assert "invalid arguments after 1 correction" in row.error
@@ -65,15 +70,7 @@ def test_a_deterministic_models_malformed_answer_is_sent_back_not_repeated(
         tmp_path: Path) -> None:
     mock = MockModel(turns=[{"fault": "malformed"}, {"text": "5"}], deterministic=True)
 
-    @agent_task(model=mock, tools=[add])
-    def adder(question: str) -> str:
-        return question
-
-    @pipeline
-    def flow():
-        return adder("2 + 3?")
-
-    run = flow.run(store=_store(tmp_path))
+    run = _ask(tmp_path, mock)
     assert run.result() == "5"
     second = mock.requests[1]["request"]["messages"]
     assert second[-1]["role"] == "user" and "could not be used" in second[-1]["content"]
@@ -84,15 +81,7 @@ def test_a_deterministic_models_malformed_answer_is_sent_back_not_repeated(
 def test_a_deterministic_failure_fails_once_when_no_correction_is_left(tmp_path: Path) -> None:
     mock = MockModel(turns=[{"fault": "malformed"}] * 6, deterministic=True)
 
-    @agent_task(model=mock, tools=[add], corrections=0, retries=2, call_retries=2)
-    def adder(question: str) -> str:
-        return question
-
-    @pipeline
-    def flow():
-        return adder("2 + 3?")
-
-    run = flow.run(store=_store(tmp_path))
+    run = _ask(tmp_path, mock, corrections=0, retries=2, call_retries=2)
     row = run.status().tasks["adder"]
     assert row.state == "failed" and row.attempts == 1
     assert "DeterministicFailure" in row.error and "not retried" in row.error

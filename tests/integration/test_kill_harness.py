@@ -133,14 +133,18 @@ def _fold_env(rng: random.Random) -> dict[str, str]:
                        {}, {"LEDGERFLOW_FOLD_INTERVAL": "3600"}])
 
 
-def test_side_effect_tasks_killed_anywhere(tmp_path: Path, tally: Tally) -> None:
+def _kill_resume_trials(tmp_path: Path, tally: Tally, case: str, pipeline: str,
+                        params: tuple[str, ...], side_effects: int, **env: str) -> None:
+    """Trials of one case: a run killed at a random point (and maybe its first resume),
+    then resumed to the end; every invariant checked by :class:`Project`."""
     rng = random.Random(tally.seed)
     trial = 0
-    while _more(tally, "effects"):
+    while _more(tally, case):
         trial += 1
-        p = Project(tmp_path / f"t{trial}", tally, DELAY="0.03", **_fold_env(rng))
+        p = Project(tmp_path / f"t{trial}", tally, **env, **_fold_env(rng))
         ex = _executor(rng)
-        run_id = _new_run(p, rng, f"{p.flow}:fan", "-p", "n=30", *ex, side_effects=30)
+        run_id = _new_run(p, rng, f"{p.flow}:{pipeline}", *params, *ex,
+                          side_effects=side_effects)
         if run_id is None:                      # killed before the run was recorded
             assert p.cli("runs").returncode == 0
             continue
@@ -151,22 +155,13 @@ def test_side_effect_tasks_killed_anywhere(tmp_path: Path, tally: Tally) -> None
     _verdict(tally)
 
 
+def test_side_effect_tasks_killed_anywhere(tmp_path: Path, tally: Tally) -> None:
+    _kill_resume_trials(tmp_path, tally, "effects", "fan", ("-p", "n=30"), 30, DELAY="0.03")
+
+
 def test_program_tasks_killed_anywhere(tmp_path: Path, tally: Tally) -> None:
-    rng = random.Random(tally.seed)
-    trial = 0
-    while _more(tally, "programs"):
-        trial += 1
-        p = Project(tmp_path / f"t{trial}", tally, **_fold_env(rng))
-        ex = _executor(rng)
-        run_id = _new_run(p, rng, f"{p.flow}:progs", "-p", "n=8", "-p", "delay=0.15", *ex,
-                          side_effects=8)
-        if run_id is None:
-            continue
-        _maybe_kill_a_resume(p, rng, run_id, *ex)
-        after = p.finish(run_id, resume=ex)
-        if after is not None and after["state"] != "succeeded":
-            tally.bricked.append(f"t{trial} {run_id}: resume left it {after['state']}")
-    _verdict(tally)
+    _kill_resume_trials(tmp_path, tally, "programs", "progs", ("-p", "n=8", "-p", "delay=0.15"),
+                        8)
 
 
 def test_approval_waits_killed_then_approved_and_resumed(tmp_path: Path, tally: Tally) -> None:
