@@ -131,6 +131,8 @@ def test_cli_search_explain_and_errors(corpus_index: Path, tmp_path: Path) -> No
     text = _cli(str(corpus_index), "iris petal")
     assert text.returncode == 0 and " 1. " in text.stdout and "datasets/iris.txt #" in text.stdout
     assert len(text.stdout.splitlines()) == 5   # one line per hit
+    marked = [f"**{w}**" for w in ("iris", "Iris", "petal", "Petal")]
+    assert not any(m in text.stdout for m in marked) and "\x1b[" not in text.stdout  # a pipe
 
     explained = _cli(str(corpus_index), "--explain", hits[0]["doc_id"],
                      str(hits[0]["position"]), "--json")
