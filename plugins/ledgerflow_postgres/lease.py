@@ -69,6 +69,7 @@ class Held:
     lost: str | None = None
     cancel: bool = False
     decisions: dict[str, dict[str, Any]] = field(default_factory=dict)   # by digest
+    polled: bool = False     # the signals table was read since the lease was taken
 
 
 class Keeper:
@@ -124,9 +125,11 @@ class Keeper:
             h.cancel = True
 
     def decisions(self, run_id: str) -> list[dict[str, Any]] | None:
-        """Approval decisions signalled for a held run (None: not held here)."""
+        """Approval decisions signalled for a held run (None: not held here, or not
+        polled yet since the lease was taken: the caller reads the table itself, so a
+        decision made before this driver started is never missed)."""
         h = self.held.get(run_id)
-        return None if h is None else list(h.decisions.values())
+        return None if h is None or not h.polled else list(h.decisions.values())
 
     def add_decision(self, run_id: str, doc: dict[str, Any]) -> None:
         h = self.held.get(run_id)
@@ -202,7 +205,8 @@ class Keeper:
                   f"driver's token {h.token} is stale, so it stopped without writing")
 
     def _poll(self) -> None:
-        runs = list(self.held)
+        snap = dict(self.held)       # the leases held when the table is read
+        runs = list(snap)
         if not runs:
             return
         rows = self._conn.execute(
@@ -217,3 +221,5 @@ class Keeper:
             elif kind == "decision" and payload:
                 doc = json.loads(payload)
                 h.decisions.setdefault(doc["digest"], doc)
+        for h in snap.values():
+            h.polled = True

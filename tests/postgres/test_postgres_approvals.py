@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+import ledgerflow
+from ledgerflow import pipeline, task
+from ledgerflow_postgres import lease
 from tests.integration.test_approvals import (
     FLOW,
     test_a_killed_waiting_driver_approval_from_elsewhere_resume,
@@ -41,3 +44,28 @@ def project(tmp_path: Path, pg_url: str) -> tuple[Path, str, dict[str, str]]:
     env["SIDE"] = str(tmp_path / "side.log")
     env["LEDGERFLOW_BLOB_DIR"] = str(tmp_path / "blobs")
     return flow, pg_url, env
+
+
+
+@task(approve=True)
+def publish(text: str) -> str:
+    return f"sent {text}"
+
+
+@pipeline
+def gated(text: str = "hello"):
+    return publish(text)
+
+
+def test_a_resume_sees_a_decision_before_its_keeper_first_polls(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decision made while no driver held the run is read from the table by the resume,
+    even when its lease keeper has not read the signals yet (on a loaded machine the
+    keeper's thread starts late; the resume used to find no decision and stay waiting)."""
+    run = gated.run(store=pg_url, executor="inline")
+    assert run.state == "waiting"
+    (req,) = run.approvals(pending_only=True)
+    run.approve("publish", digest=req["digest"], by="reviewer", reason="fine")
+    monkeypatch.setattr(lease.Keeper, "_poll", lambda self: None)   # the keeper never reads
+    done = ledgerflow.resume(run.run_id, store=pg_url, executor="inline")
+    assert done.state == "succeeded" and done.result() == "sent hello"
