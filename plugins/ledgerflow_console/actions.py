@@ -1,7 +1,7 @@
 """What the console changes: cancel, resume, approve, reject, through the CLI's functions.
 
-Only reached with ``--allow-actions`` and the per-process token (the checks
-live in :mod:`.app`). A resume is a new ``pipeline resume`` process, started
+Only reached with ``--allow-actions`` and the per-process token, or for a
+decision an approver's own token (the checks live in :mod:`.access`). A resume is a new ``pipeline resume`` process, started
 without a shell in a session of its own so it outlives the console. The store
 goes to it in ``LEDGERFLOW_STORE`` (its environment, readable only by its
 user), never on its command line, which every local user can read: a
@@ -29,7 +29,9 @@ from typing import Any
 
 import ledgerflow
 from ledgerflow.errors import InputError, NotResumableError, PipelineError
+from ledgerflow.identity import Verified, decider
 
+from .access import Forbidden
 from .ledger import Ledger
 
 
@@ -170,7 +172,8 @@ def _json_type(value: object) -> str:
         type(value), type(value).__name__)
 
 
-def _decide(ledger: Ledger, run_id: str, body: Mapping[str, Any], verb: str) -> dict[str, Any]:
+def _decide(ledger: Ledger, run_id: str, body: Mapping[str, Any], verb: str,
+            who: Verified | None) -> dict[str, Any]:
     unknown = sorted(set(body) - _FIELDS)
     if unknown:
         raise InputError(f"{verb}: unknown field(s) {', '.join(map(repr, unknown))}",
@@ -185,38 +188,65 @@ def _decide(ledger: Ledger, run_id: str, body: Mapping[str, Any], verb: str) -> 
                          hint='send {"task_key": "...", "digest": "..."}')
     digest = _text(body, "digest", verb, 200)
     reason = _text(body, "reason", verb, MAX_REASON)
-    _text(body, "as", verb, 200)
+    claimed = _text(body, "as", verb, 200)
     if verb == "approve" and not digest:
         raise InputError("approve needs the digest of what is approved",
                          hint="copy it from the approvals table: pipeline approvals RUN_ID")
     if verb == "reject" and not reason:
         raise InputError("reject needs a reason", hint='send {"reason": "..."}')
+    name = _decider(who, claimed)
+    _check_listed(ledger, run_id, task_key, name, verb)
+    params = inspect.signature(fn).parameters
     names: dict[str, object] = {}
-    who = body.get("as")
-    if isinstance(who, str) and who:     # the approver's name, under the name fn uses
-        params = inspect.signature(fn).parameters
-        for name in ("by", "as_", "approver", "decided_by", "user"):
-            if name in params:
-                names[name] = who
-                break
+    for key in ("by", "as_", "approver", "decided_by", "user"):   # the name fn uses
+        if key in params:
+            names[key] = name
+            break
     result = _call(fn, run_id, task_key, digest=digest, reason=reason, store=ledger.store,
                    **names)
     done = "approved" if verb == "approve" else "rejected"
-    doc: dict[str, Any] = {"message": f"{task_key} of run {run_id} {done}", "run_id": run_id,
-                           "task_key": task_key}
+    doc: dict[str, Any] = {"message": f"{task_key} of run {run_id} {done} by {name}",
+                           "run_id": run_id, "task_key": task_key, "decided_by": str(name)}
     if isinstance(result, Mapping):
         doc["decision"] = dict(result)
     return doc
 
 
-def approve(ledger: Ledger, run_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
-    """Approve a pending request (``ledgerflow.approve``) with its digest."""
-    return _decide(ledger, run_id, body, "approve")
+def _decider(who: Verified | None, claimed: str | None) -> Verified:
+    """Whose decision this is: the approver whose token came, else the console's OS user
+    (or ``as``, where the approvers mapping allows that user)."""
+    if who is None:
+        return decider(claimed or None)
+    if claimed and claimed != who:
+        raise Forbidden(f"the approver token of {who!r} cannot decide as {claimed!r}",
+                        hint=f"drop \"as\", or use {claimed!r}'s own token")
+    return who
 
 
-def reject(ledger: Ledger, run_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
-    """Reject a pending request (``ledgerflow.reject``) with a reason."""
-    return _decide(ledger, run_id, body, "reject")
+def _check_listed(ledger: Ledger, run_id: str, task_key: str, name: str, verb: str) -> None:
+    """403 when the request names its approvers and ``name`` is not one of them (for a
+    rejection too: a gate that lists who decides lists who rejects)."""
+    rows = ledger.approvals(ledger.run(run_id)) or []
+    waiting = [a for a in rows if a.get("task_key") == task_key
+               and a.get("state") in (None, "pending", "waiting")]
+    listed = [str(n) for n in (waiting[-1].get("approvers") or [])] if waiting else []
+    if listed and name not in listed:
+        raise Forbidden(f"{name!r} may not {verb} {task_key!r}; its approvers are: "
+                        + ", ".join(listed),
+                        hint="ask one of them to decide with their own approver token")
+
+
+def approve(ledger: Ledger, run_id: str, body: Mapping[str, Any],
+            who: Verified | None = None) -> dict[str, Any]:
+    """Approve a pending request (``ledgerflow.approve``) with its digest, as ``who`` (an
+    approver's token) or the console's OS user."""
+    return _decide(ledger, run_id, body, "approve", who)
+
+
+def reject(ledger: Ledger, run_id: str, body: Mapping[str, Any],
+           who: Verified | None = None) -> dict[str, Any]:
+    """Reject a pending request (``ledgerflow.reject``) with a reason, as :func:`approve`."""
+    return _decide(ledger, run_id, body, "reject", who)
 
 
 #: Parameters one start may pass, and the longest value.

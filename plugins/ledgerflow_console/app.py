@@ -5,9 +5,10 @@ page has a JSON twin under ``/api/``; ``/metrics`` is the Prometheus text
 that drivers wrote for this ledger (:mod:`ledgerflow_observability.prometheus`). Reads are open to anyone who can reach
 the bound address with the right Host header; actions (``POST``) also need
 ``--allow-actions`` and the per-process token in ``X-Ledgerflow-Token``
-(or ``?token=``). Any other Host header (a DNS-rebinding page) or a
+(or ``?token=``), or, to approve and reject, an approver's own token
+(:mod:`.access`). Any other Host header (a DNS-rebinding page) or a
 cross-site ``Origin`` gets 403. A password in the store URL is taken out of
-every answer (:class:`RedactBodies`, :mod:`.redact`).
+every answer (:class:`~.redact.RedactBodies`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -37,14 +39,14 @@ from ledgerflow.errors import (
     TaskNotFoundError,
 )
 
-from . import actions, graphs, pages, views
+from . import access, actions, graphs, pages, views
 from . import calls as agent_calls
 from .ledger import Ledger
-from .redact import Redactor, mask
+from .redact import RedactBodies, Redactor, mask
 
 log = logging.getLogger("ledgerflow.console")
 
-TOKEN_HEADER = "x-ledgerflow-token"
+TOKEN_HEADER = access.TOKEN_HEADER
 TERMINAL_RUN_STATES = frozenset({"succeeded", "failed", "cancelled"})
 
 
@@ -58,6 +60,7 @@ class ConsoleConfig:
     port: int
     allow_actions: bool = False
     token: str = ""
+    approver_tokens: Path | None = None     # the per-approver tokens file, if any
     allowed_hosts: frozenset[str] = field(default_factory=frozenset)
 
 
@@ -105,6 +108,8 @@ def status_of(exc: PipelineError) -> int:
     """The HTTP status for a ledgerflow error."""
     if isinstance(exc, actions.ActionUnsupported):
         return 501
+    if isinstance(exc, access.Forbidden):
+        return 403
     if isinstance(exc, RunNotFoundError):
         return 404
     if isinstance(exc, NotResumableError):
@@ -358,12 +363,13 @@ def create_app(cfg: ConsoleConfig) -> ASGIApp:
                         headers={"content-type": CONTENT_TYPE, "cache-control": "no-store"})
 
     # -- actions -------------------------------------------------------------------------
-    def action(fn: Callable[[str, Mapping[str, Any]], dict[str, Any]], code: int = 200
+    def action(fn: Callable[..., dict[str, Any]], code: int = 200, *, decides: bool = False
                ) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
-            refused = refuse(request)
-            if refused is not None:
-                return refused
+            who = await run_in_threadpool(
+                access.caller, request.headers, request.query_params.get("token"),
+                allow_actions=cfg.allow_actions, action_token=cfg.token,
+                tokens=cfg.approver_tokens, allowed_hosts=cfg.allowed_hosts, decides=decides)
             raw = await request.body()
             try:
                 body = json.loads(raw) if raw.strip() else {}
@@ -373,31 +379,19 @@ def create_app(cfg: ConsoleConfig) -> ASGIApp:
                 return JSONResponse({"error": "the request body must be a JSON object",
                                      "hint": 'send {"task_key": "..."} or nothing'},
                                     status_code=400)
-            doc = await run_in_threadpool(fn, request.path_params.get("run_id", ""), body)
+            args = (request.path_params.get("run_id", ""), body) + ((who,) if decides else ())
+            doc = await run_in_threadpool(fn, *args)
             return JSONResponse(doc, status_code=code)
         return endpoint
 
-    def refuse(request: Request) -> Response | None:
-        """403 unless actions are on, the token is right and the request is same-origin."""
-        if not cfg.allow_actions:
-            return JSONResponse({"error": "this console is read-only",
-                                 "hint": "start it with: pipeline console --allow-actions"},
-                                status_code=403)
-        origin = request.headers.get("origin")
-        if origin is not None:
-            bare = origin.split("://", 1)[-1].lower()
-            if bare not in cfg.allowed_hosts:
-                return JSONResponse({"error": f"cross-site request from {origin} refused",
-                                     "hint": "use the console's own page"}, status_code=403)
-        if request.headers.get("sec-fetch-site") == "cross-site":
-            return JSONResponse({"error": "cross-site request refused",
-                                 "hint": "use the console's own page"}, status_code=403)
-        tok = request.headers.get(TOKEN_HEADER) or request.query_params.get("token") or ""
-        if not cfg.token or not hmac.compare_digest(tok, cfg.token):
-            return JSONResponse({"error": "missing or wrong console token",
-                                 "hint": "use the URL with ?token= that the console printed"},
-                                status_code=403)
-        return None
+    def whoami(request: Request) -> Response:
+        """Whose decisions this request's token makes (the page shows it; no token: none)."""
+        kind, name = access.who(request.headers, request.query_params.get("token"),
+                                action_token=cfg.token, tokens=cfg.approver_tokens)
+        if kind == "action":
+            from ledgerflow.identity import decider
+            name = decider(None)
+        return JSONResponse({"token": kind or None, "decides_as": name})
 
     routes = [
         Route("/", runs_page),
@@ -425,10 +419,13 @@ def create_app(cfg: ConsoleConfig) -> ASGIApp:
               action(lambda rid, _b: actions.cancel(ledger, rid)), methods=["POST"]),
         Route("/api/runs/{run_id}/resume",
               action(lambda rid, _b: actions.resume(ledger, rid), 202), methods=["POST"]),
-        Route("/api/runs/{run_id}/approve",
-              action(lambda rid, b: actions.approve(ledger, rid, b)), methods=["POST"]),
-        Route("/api/runs/{run_id}/reject",
-              action(lambda rid, b: actions.reject(ledger, rid, b)), methods=["POST"]),
+        Route("/api/runs/{run_id}/approve", action(
+            lambda rid, b, who: actions.approve(ledger, rid, b, who), decides=True),
+            methods=["POST"]),
+        Route("/api/runs/{run_id}/reject", action(
+            lambda rid, b, who: actions.reject(ledger, rid, b, who), decides=True),
+            methods=["POST"]),
+        Route("/api/whoami", whoami),
         Route("/api/start", action(lambda _rid, b: actions.start(ledger, b), 202),
               methods=["POST"]),
         Route("/api/pipelines", lambda _r: JSONResponse(
@@ -439,49 +436,6 @@ def create_app(cfg: ConsoleConfig) -> ASGIApp:
     app = Starlette(routes=routes,
                     exception_handlers={PipelineError: on_error, Exception: on_bug})
     return HostGuard(RedactBodies(app, Redactor(cfg.store)), cfg.allowed_hosts)
-
-
-class RedactBodies:
-    """Take the store's password out of every answer (pages, JSON, errors, replies).
-
-    Only when the store location holds one (a ``postgresql://user:pw@`` URL):
-    a task's error text, a driver's message or an action's reply may quote it,
-    and reads need no token. Bodies sent in one piece (all of the console's)
-    are rewritten and their ``content-length`` fixed.
-    """
-
-    def __init__(self, app: ASGIApp, redact: Redactor) -> None:
-        self.app = app
-        self.redact = redact
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.redact.secrets:
-            await self.app(scope, receive, send)
-            return
-        start: dict[str, Any] | None = None
-
-        async def rewrite(message: dict[str, Any]) -> None:
-            nonlocal start
-            if message["type"] == "http.response.start":
-                start = message
-                return
-            if message["type"] == "http.response.body" and start is not None:
-                head, start = start, None
-                if message.get("more_body"):        # streamed: sent as it comes
-                    await send(head)
-                    await send(message)
-                    return
-                body = self.redact(message.get("body", b"").decode("utf-8", "replace")
-                                   ).encode()
-                head = {**head, "headers": [(k, v) for k, v in head.get("headers", [])
-                                            if k.lower() != b"content-length"]
-                        + [(b"content-length", str(len(body)).encode())]}
-                await send(head)
-                await send({**message, "body": body})
-                return
-            await send(message)
-
-        await self.app(scope, receive, rewrite)  # type: ignore[arg-type]
 
 
 def _json_default(doc: object) -> Response:

@@ -141,6 +141,28 @@ svg .running{animation:pulse 1.2s ease-in-out infinite}
 _JS: Final = """
 (function(){
 const TOKEN = new URLSearchParams(location.search).get('token') || '';
+const KEY = 'ledgerflow-approver';   // an approver's own token: kept in this tab, never in a URL
+const hash = /(?:^#|&)approver=([^&]+)/.exec(location.hash);
+if (hash){
+  try { sessionStorage.setItem(KEY, decodeURIComponent(hash[1])); } catch(_) {}
+  history.replaceState(null, '', location.pathname + location.search);
+}
+function approver(){ try { return sessionStorage.getItem(KEY) || ''; } catch(_) { return ''; } }
+function heads(){
+  const h = {'Content-Type':'application/json','X-Ledgerflow-Token':TOKEN}, a = approver();
+  if (a) h['Authorization'] = 'Bearer ' + a;
+  return h;
+}
+async function whoami(){
+  const el = document.getElementById('approver'), a = approver();
+  if (!el || !a) return;
+  let doc = {}, r = null;
+  try { r = await fetch('/api/whoami', {headers: heads()}); doc = await r.json(); } catch(_) {}
+  el.textContent = r && r.ok ? 'deciding as ' + doc.decides_as + ' ' : 'approver token refused: '
+    + (doc.error || (r && r.status)) + ' ';
+  const f = document.createElement('a'); f.href = '#'; f.textContent = 'forget it';
+  f.dataset.forget = '1'; el.appendChild(f); el.hidden = false;
+}
 async function load(el, url){
   const r = await fetch(url, {headers:{'Accept':'text/html'}});
   el.innerHTML = await r.text();
@@ -164,7 +186,7 @@ async function act(b){
   }
   if (b.dataset.ask){ const r = prompt(b.dataset.ask, ''); if (r === null) return; body.reason = r; }
   const r = await fetch(b.dataset.action, {method:'POST', body: JSON.stringify(body),
-    headers:{'Content-Type':'application/json','X-Ledgerflow-Token':TOKEN}});
+    headers: heads()});
   let doc = {}; try { doc = await r.json(); } catch(_) {}
   say(r.ok, r.ok ? (doc.message || 'done')
                : 'Error: ' + (doc.error || r.status) + (doc.hint ? '  Hint: ' + doc.hint : ''));
@@ -172,6 +194,10 @@ async function act(b){
   setTimeout(refresh, 300);
 }
 document.addEventListener('click', async ev => {
+  if (ev.target.closest('[data-forget]')){
+    ev.preventDefault(); try { sessionStorage.removeItem(KEY); } catch(_) {}
+    document.getElementById('approver').hidden = true; return;
+  }
   const a = ev.target.closest('[data-action]');
   if (a){ ev.preventDefault(); await act(a); return; }
   const l = ev.target.closest('[data-load]');
@@ -208,6 +234,7 @@ async function loop(){
 }
 setTimeout(loop, wait);
 document.querySelectorAll('[data-autoload]').forEach(el => load(el, el.dataset.autoload));
+whoami();
 })();
 """
 
@@ -219,7 +246,8 @@ def layout(ctx: Ctx, title: str, body: str) -> str:
             '<meta name=viewport content="width=device-width,initial-scale=1">'
             f"<title>{e(title)} · ledgerflow</title><style>{_CSS}</style></head><body>"
             f'<header><a href="{e(href(ctx, "/"))}">ledgerflow console</a>'
-            f'<span class="where">{e(ctx.store)} · {mode}</span></header>'
+            f'<span class="where">{e(ctx.store)} · {mode}</span>'
+            '<span id="approver" class="where" hidden></span></header>'
             f'<main><div id="message" class="msg" hidden></div>{body}</main>'
             f"<script>{_JS}</script></body></html>")
 

@@ -11,9 +11,13 @@ it appears (raw or percent-decoded), e.g. inside a driver's error message.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
-__all__ = ["MASK", "Redactor", "mask"]
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+__all__ = ["MASK", "RedactBodies", "Redactor", "mask"]
 
 MASK = "***"
 
@@ -79,3 +83,46 @@ class Redactor:
         for secret in self.secrets:
             text = text.replace(secret, MASK)
         return text
+
+
+class RedactBodies:
+    """Take the store's password out of every answer (pages, JSON, errors, replies).
+
+    Only when the store location holds one (a ``postgresql://user:pw@`` URL):
+    a task's error text, a driver's message or an action's reply may quote it,
+    and reads need no token. Bodies sent in one piece (all of the console's)
+    are rewritten and their ``content-length`` fixed.
+    """
+
+    def __init__(self, app: ASGIApp, redact: Redactor) -> None:
+        self.app = app
+        self.redact = redact
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.redact.secrets:
+            await self.app(scope, receive, send)
+            return
+        start: dict[str, Any] | None = None
+
+        async def rewrite(message: dict[str, Any]) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start":
+                start = message
+                return
+            if message["type"] == "http.response.body" and start is not None:
+                head, start = start, None
+                if message.get("more_body"):        # streamed: sent as it comes
+                    await send(head)
+                    await send(message)
+                    return
+                body = self.redact(message.get("body", b"").decode("utf-8", "replace")
+                                   ).encode()
+                head = {**head, "headers": [(k, v) for k, v in head.get("headers", [])
+                                            if k.lower() != b"content-length"]
+                        + [(b"content-length", str(len(body)).encode())]}
+                await send(head)
+                await send({**message, "body": body})
+                return
+            await send(message)
+
+        await self.app(scope, receive, rewrite)  # type: ignore[arg-type]

@@ -12,6 +12,7 @@ import socket
 import sys
 import threading
 import webbrowser
+from pathlib import Path
 
 from ledgerflow.errors import InputError, PluginError
 
@@ -35,7 +36,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def serve(*, store: str | None, host: str, port: int, allow_actions: bool,
-          open_browser: bool) -> None:
+          open_browser: bool, approver_tokens: Path | None = None) -> None:
     """Serve the console until interrupted (see :mod:`ledgerflow_console.cli`)."""
     try:
         import uvicorn
@@ -44,6 +45,7 @@ def serve(*, store: str | None, host: str, port: int, allow_actions: bool,
     except ImportError as exc:
         raise PluginError(f"the console needs starlette and uvicorn ({exc.name} is missing)",
                           hint="pip install 'ledgerflow[console]'") from None
+    names = _approvers(approver_tokens) if allow_actions else []
     ledger = Ledger(store)
     ledger.runs(limit=1)       # a damaged or unreadable ledger: Error/Hint now, not per page
     sock = _bind(host, port)
@@ -52,6 +54,7 @@ def serve(*, store: str | None, host: str, port: int, allow_actions: bool,
     token = secrets.token_urlsafe(18) if allow_actions else ""
     cfg = ConsoleConfig(store=store, store_label=label, host=host, port=bound,
                         allow_actions=allow_actions, token=token,
+                        approver_tokens=approver_tokens if allow_actions else None,
                         allowed_hosts=allowed_hosts(host, bound))
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{bound}/" + (f"?token={token}" if token else "")
@@ -59,6 +62,10 @@ def serve(*, store: str | None, host: str, port: int, allow_actions: bool,
     print(f"ledger {label}; " + ("actions enabled (cancel, resume, approve, reject) with the "
                                  "token in the URL" if allow_actions else "read-only")
           + "; Ctrl-C stops", flush=True)
+    if approver_tokens is not None:
+        print(f"approver tokens: {', '.join(names) or 'none yet'} decide as themselves "
+              f"({approver_tokens})" if allow_actions else
+              "approver tokens unused: the console is read-only", flush=True)
     # a long-lived reader: objects of one request die with it, so collect less often
     gc.set_threshold(50_000, 20, 20)
     config = uvicorn.Config(create_app(cfg), log_level="warning", access_log=False,
@@ -74,6 +81,15 @@ def serve(*, store: str | None, host: str, port: int, allow_actions: bool,
     finally:
         sock.close()
     sys.stdout.flush()
+
+
+def _approvers(path: Path | None) -> list[str]:
+    """The approvers with a token in ``path`` (checked now: a file others may read is an
+    Error with its fix before anything is served)."""
+    if path is None:
+        return []
+    from ledgerflow.identity import check_tokens_file, token_names
+    return token_names(check_tokens_file(path))
 
 
 def _default_label() -> str:

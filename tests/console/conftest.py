@@ -121,16 +121,19 @@ class Console:
         return self.request("GET", path, host=host)
 
     def post(self, path: str, body: dict[str, Any] | None = None, *, token: str | None = None,
-             host: str | None = None, origin: str | None = None) -> tuple[int, Any]:
+             host: str | None = None, origin: str | None = None,
+             headers: dict[str, str] | None = None) -> tuple[int, Any]:
         """POST JSON to an action with this token (none by default)."""
         return self.request("POST", path, body=body or {}, token=token, host=host,
-                            origin=origin)
+                            origin=origin, headers=headers)
 
     def request(self, method: str, path: str, *, body: dict[str, Any] | None = None,
                 token: str | None = None, host: str | None = None,
-                origin: str | None = None) -> tuple[int, Any]:
+                origin: str | None = None,
+                headers: dict[str, str] | None = None) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.base + path.lstrip("/"), data=data, method=method)
+        req = urllib.request.Request(self.base + path.lstrip("/"), data=data, method=method,
+                                     headers=headers or {})
         if body is not None:
             req.add_header("Content-Type", "application/json")
         if token is not None:
