@@ -88,6 +88,8 @@ class DuckDBStore(RecordReads):
         self.folds = Fold(self.journals, self.side / "tmp", self.policy)
         self._beats: dict[str, Heartbeat] = {}
         self._background: dict[str, BackgroundFold] = {}
+        #: run -> the driver token this process last read it at (see :meth:`take_over`)
+        self._seen: dict[str, int] = {}
 
     # -- writing -------------------------------------------------------------------------
     def create_run(self, run_id: str, records: Sequence[Record]) -> Lease:
@@ -101,6 +103,7 @@ class DuckDBStore(RecordReads):
                              hint="make it writable, or pass --store PATH in a writable "
                              "folder") from None
         lease = Lease(run_id, 1)
+        self._seen[run_id] = 1
         self.append(lease, records)
         return lease
 
@@ -112,6 +115,10 @@ class DuckDBStore(RecordReads):
         self._background[run_id] = BackgroundFold(self._fold_bite, run_id, self.policy)
 
     def take_over(self, run_id: str) -> Lease:
+        """Lease ``run_id`` for this process (see the protocol). The write lock on the
+        file makes takeovers one at a time; one based on a read of this process that
+        another driver has made stale (it took the run over since, or drove it at the
+        time) is refused, so two resumes started at once never both drive the run."""
         with self.ledger.connect(True) as con:
             self.folds.run(con, run_id)
             row = con.execute("SELECT token FROM runs WHERE run_id = ?", [run_id]).fetchall()
@@ -123,6 +130,9 @@ class DuckDBStore(RecordReads):
                     f"run {run_id} is still being driven by pid {lease.get('pid')} on "
                     f"{lease.get('host')}",
                     hint=f"wait for it, or stop it first: pipeline cancel {run_id}")
+            seen = self._seen.get(run_id)
+            if seen is not None and (row[0][0] or 0) > seen:
+                raise _resumed_meanwhile(con, run_id)
             seg_tokens = [t for t, _ in self.journals.segments(run_id)]
             previous = max([row[0][0] or 0, *seg_tokens])
             token = previous + 1
@@ -130,6 +140,7 @@ class DuckDBStore(RecordReads):
             con.execute("UPDATE runs SET token = ? WHERE run_id = ?", [token, run_id])
             self.leases.clear_cancel(run_id)
             self._lease(run_id, token)
+            self._seen[run_id] = token
             # where the old driver's segment ends for good (what repair folds up to)
             self.journals.append(run_id, [Takeover(previous, folded.get(previous, 0),
                                                    time.time())])
@@ -291,6 +302,8 @@ class DuckDBStore(RecordReads):
         apply(view, tail)
         view.damage = "; ".join(damage) or None
         view.driver_alive = self.driver_alive(run_id) if view.state in _ACTIVE else False
+        # a read while a driver went on is no ground for a takeover (see take_over)
+        self._seen[run_id] = -1 if view.driver_alive else view.token
         return view
 
     def summarize(self, run_id: str, *, min_tasks: int = 500) -> RunView | None:
@@ -395,3 +408,13 @@ class DuckDBStore(RecordReads):
     def close(self) -> None:
         for run_id, token in self.journals.open_runs():
             self.release(Lease(run_id, token))
+
+
+def _resumed_meanwhile(con: Any, run_id: str) -> NotResumableError:
+    """The refusal of a takeover of a run another process took over (and maybe finished)
+    since this one read it: the read is stale, so the run is not driven from it."""
+    pid, state = con.execute("SELECT driver_pid, state FROM runs WHERE run_id = ?",
+                             [run_id]).fetchone()
+    return NotResumableError(
+        f"run {run_id} is being resumed by pid {pid} (or was, since this resume read it: "
+        f"it is {state} now)", hint=f"see it with: pipeline status {run_id}")
