@@ -32,6 +32,7 @@ from typing import Any, Final
 import msgspec
 
 from ledgerflow.records import KINDS, Record, columns, field_types
+from ledgerflow.states import RunState, TaskState
 from ledgerflow.views import RunView, TaskRow
 
 _encoder = msgspec.json.Encoder()
@@ -201,14 +202,42 @@ HELD_ON_HOST_SQL: Final = (
     "SELECT l.run_id, l.pid, l.pid_start FROM leases l JOIN runs r USING (run_id) "
     "WHERE r.state = ANY(%s) AND l.expires_at > now() AND l.host = %s")
 
-#: A worker's claim of the oldest run waiting for a driver (named parameters); ``dead``:
-#: 'run/pid/start' of same-host holders not alive, taken over at once (unchanged since).
+_WAITING_RUN: Final = RunState.WAITING.value
+_WAITING_TASK: Final = TaskState.WAITING_APPROVAL.value
+
+#: A ``waiting`` run (of ``runs r``) that a drive would move on: commits not folded yet
+#: (the tables may be behind), no task left in ``waiting_approval``, or a waiting task
+#: whose current (latest) request is decided (a ``signals`` decision from any process,
+#: or a journaled one) or past its deadline (``gates.Gates.poll`` applies the rule).
+#: Without one of these a drive finds nothing to do: a worker does not claim it.
+WAITING_DUE: Final = (
+    "(EXISTS (SELECT 1 FROM commits c WHERE c.run_id = r.run_id "
+    "AND (c.run_id, c.token, c.seq) > (r.run_id, "
+    "coalesce((SELECT f.token FROM folds f WHERE f.run_id = r.run_id), 0), "
+    "coalesce((SELECT f.seq FROM folds f WHERE f.run_id = r.run_id), 0))) "
+    "OR NOT EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = r.run_id "
+    f"AND t.state = '{_WAITING_TASK}') "
+    "OR EXISTS (SELECT 1 FROM tasks t CROSS JOIN LATERAL (SELECT a.digest, a.deadline "
+    "FROM approval_requests a WHERE a.run_id = t.run_id AND a.task_key = t.task_key "
+    "ORDER BY a.id DESC LIMIT 1) q WHERE t.run_id = r.run_id "
+    f"AND t.state = '{_WAITING_TASK}' AND (q.deadline <= extract(epoch FROM now()) "
+    "OR EXISTS (SELECT 1 FROM signals s WHERE s.run_id = r.run_id "
+    "AND s.kind = 'decision' AND s.digest = q.digest) "
+    "OR EXISTS (SELECT 1 FROM approval_decisions d WHERE d.run_id = r.run_id "
+    "AND d.task_key = t.task_key AND d.digest = q.digest))))")
+
+#: A worker's claim of the oldest claimable run waiting for a driver (named parameters):
+#: submitted, or active with an expired lease or a holder gone (``dead``: 'run/pid/start'
+#: of same-host holders not alive, taken over at once, unchanged since), and not
+#: ``waiting`` unless :data:`WAITING_DUE` (a run that waits for a person never blocks the
+#: newer ones: the oldest claimable one goes first).
 CLAIM_SQL: Final = (
     "WITH cand AS (SELECT l.run_id FROM leases l JOIN runs r USING (run_id) "
     "WHERE r.state = ANY(%(active)s) AND (l.expires_at <= now() OR "
     "l.run_id || '/' || coalesce(l.pid, 0) || '/' || coalesce(l.pid_start, '') "
     "= ANY(%(dead)s)) "
-    "AND NOT (l.run_id = ANY(%(skip)s)) ORDER BY r.created_at LIMIT 1 "
+    f"AND NOT (l.run_id = ANY(%(skip)s)) AND (r.state <> '{_WAITING_RUN}' OR {WAITING_DUE}) "
+    "ORDER BY r.created_at, r.run_id LIMIT 1 "
     "FOR UPDATE OF l SKIP LOCKED) "
     "UPDATE leases l SET token = l.token + 1, pid = %(pid)s, host = %(host)s, "
     "pid_start = %(start)s, acquired_at = now(), renewed_at = now(), "

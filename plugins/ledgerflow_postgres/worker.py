@@ -8,7 +8,15 @@ never claim the same run, and a claim takes a new fencing token), then
 drive each with ``ledgerflow.resume`` on the executor given (``--executor
 dask --dask-address ...`` spreads its tasks over a Dask cluster). Between
 runs a worker waits for ``NOTIFY ledgerflow_runs`` (sent when a run is
-submitted or a lease released) or ``--poll`` seconds.
+submitted or a lease released, or on ``ledgerflow_signals``: an approval decided) or
+``--poll`` seconds.
+
+A run in state ``waiting`` (an approval gate no one decided yet) is not
+claimed: a drive would find nothing to do. It is claimed again once a
+decision on its open request is recorded (``signals``) or the request's
+deadline passes (the drive then applies the deadline rule,
+:func:`ledgerflow.gates.decide_deadline`). Among the claimable runs the
+oldest goes first, so a waiting run never holds the newer ones back.
 
 The pipeline is loaded from the target the run recorded (an absolute path
 or a module name): it must exist on the worker's machine. A run whose
@@ -36,7 +44,7 @@ from ledgerflow.cli.guard import guard
 from ledgerflow.errors import InputError, LeaseLostError, NotResumableError, PipelineError
 
 from .connection import StoreUnavailableError
-from .lease import RUNS_CHANNEL
+from .lease import RUNS_CHANNEL, SIGNALS_CHANNEL
 
 if TYPE_CHECKING:
     from .store import PostgresStore
@@ -95,11 +103,13 @@ class Worker:
         return len(self.driven)
 
     def _wait(self) -> None:
-        """Sleep until a run may be waiting (a NOTIFY, or ``poll`` seconds)."""
+        """Sleep until a run may be claimable (a NOTIFY of a run submitted or released,
+        or of a decision; or ``poll`` seconds, which also finds passed deadlines)."""
         try:
             if self._listener is None:
                 self._listener = self.store.db.connect()
                 self._listener.execute(f"LISTEN {RUNS_CHANNEL}")
+                self._listener.execute(f"LISTEN {SIGNALS_CHANNEL}")    # a decision
             for _ in self._listener.notifies(timeout=self.poll, stop_after=1):
                 pass
         except Exception:
