@@ -162,7 +162,7 @@ def calls_html(rows: Sequence[Mapping[str, Any]]) -> str:
                        else "") + (" · replayed" if r["replayed"] else ""))
             if r["recorded"]:
                 detail = ("<h5>prompt (new messages)</h5>" + _prompt_html(r["prompt"] or [])
-                          + f'<h5>answer</h5><pre class="answer">{e(r["answer"])}</pre>')
+                          + "<h5>answer</h5>" + _answer_html(r))
             else:
                 detail = ('<div class="muted">prompt and answer not recorded (the task did '
                           "not set record_content=True); only their digests are kept</div>")
@@ -188,3 +188,12 @@ def calls_html(rows: Sequence[Mapping[str, Any]]) -> str:
     return (f"<h4>Calls ({len(rows):,})</h4>" + "".join(out)
             + (f'<div class="muted">and {more:,} more (all in /api/runs/ID/calls)</div>'
                if more > 0 else ""))
+
+
+def _answer_html(r: dict[str, Any]) -> str:
+    """A model call's text answer; a muted line when it gave none (it asked for tools)."""
+    if r["answer"]:
+        return f'<pre class="answer">{e(r["answer"])}</pre>'
+    asked = ", ".join(r["tools_asked"])
+    return ('<div class="answer muted">no text' + (f": it asked for {e(asked)}" if asked
+                                                    else "") + "</div>")

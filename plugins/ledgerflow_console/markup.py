@@ -115,7 +115,8 @@ h1{font-size:18px;margin:8px 0} h2{font-size:15px;margin:18px 0 6px}
 table{border-collapse:collapse;background:#fff}
 th,td{text-align:left;padding:3px 8px;border-bottom:1px solid #e5e7eb;vertical-align:top}
 th{background:#f3f4f6;font-weight:600;font-size:12px}
-td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+#runs td.mono:not(.params){white-space:nowrap}
 .mono,code,pre{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12px}
 pre{background:#0b1020;color:#e5e7eb;padding:8px;overflow:auto;max-height:420px;margin:4px 0}
 pre.stderr{border-left:4px solid #ef4444}

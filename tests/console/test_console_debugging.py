@@ -181,6 +181,9 @@ def test_an_agent_runs_calls_show_prompt_answer_arguments_result_and_refusal() -
     html = call("GET", f"/runs/{rid}/usage")[1]
     assert "<th class=num>input tokens</th>" in html and "input_tokens" not in html
     assert "the sum is &lt;3&gt;" in html and "<3>" not in html
+    # a call that only asked for tools says so, not an empty black box
+    assert "no text: it asked for rm_rf" in html and "no text: it asked for add" in html
+    assert '<pre class="answer"></pre>' not in html
     assert 'data-kind="tool" data-task="adder" data-seq="2" data-outcome="refused"' in html
     assert 'data-autoload="/runs/' + rid + '/usage"' in call("GET", f"/runs/{rid}")[1]
 
