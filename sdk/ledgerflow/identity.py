@@ -195,10 +195,14 @@ def add_token(path: Path, name: str) -> str:
     token = secrets.token_urlsafe(24)
     flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         check_tokens_file(path)
         fd = os.open(path, flags)
+    except OSError as exc:
+        raise InputError(f"cannot create approver tokens file {path}: "
+                         f"{exc.strerror or exc}", hint="choose a path you may write") from None
     with os.fdopen(fd, "a", encoding="utf-8") as out:
         out.write(f"{name}: {token_hash(token)}\n")
     return token
