@@ -15,7 +15,8 @@ How the kernel's contract maps onto Dask:
 * a job with a timeout announces its start from the worker and its timeout
   counts from there (a job waiting in Dask's queue does not time out); with
   no result in time it is reported ``timeout``, the worker is asked to stop
-  and a late result is logged and dropped (``timeout_from_start``). A
+  and a late result is still reported; the runner rejects it as late
+  (``timeout_from_start``). A
   timeout the runner decides (``cancel(job, reason="timeout")``) comes first;
 * a worker that dies mid-task: the private cluster's scheduler has
   ``allowed_failures=0``, so the task ends in ``KilledWorker`` and is
@@ -395,18 +396,17 @@ class DaskExecutor:
         """A job's answer pushed by its worker (its ``done`` then finds it reported)."""
         entry = self._jobs.get(job_id)
         if entry is None:
-            self._rejected(job_id)
+            self._rejected(job_id, data)
             return
         self._report(job_id, decode(job_id, data, entry.submitted))
 
-    def _rejected(self, job_id: int) -> None:
-        """Log the late result of a job timed out here (once, by the first of its
-        answer and its ``done``)."""
-        late = self._late.pop(job_id, None)
-        if late is not None:
-            log.warning("dask executor: the result of %s came after its %gs timeout "
-                        "(counted from its start); rejected, not applied", late.key,
-                        late.timeout)
+    def _rejected(self, job_id: int, data: Any = None) -> None:
+        """Report the late result of a job timed out here to the runner, which rejects
+        it (once, by the first of its answer and its ``done``)."""
+        late, done = self._late.pop(job_id, None), self._done
+        if late is not None and done is not None:
+            done(decode(job_id, data, late.submitted) if data is not None else Completion(
+                job_id, "ok", ended_at=time.time(), has_value=False))
 
     def _collect(self, job_ids: list[int]) -> None:
         from distributed.scheduler import KilledWorker

@@ -124,7 +124,12 @@ class Executor(Protocol):
       ``workers``, so a cluster's queue does not run dry while results travel
       back (the ``dask`` executor). Only jobs without a timeout go ahead: a
       timeout is counted from the submit, so a job with one is submitted only
-      when a worker is free for it.
+      when a worker is free for it, unless the executor declares
+    * ``timeout_from_start = True``: the executor counts a job's timeout from
+      the moment a worker starts it and reports outcome ``timeout`` itself; the
+      runner then arms no timer of its own and queues timed jobs ahead too. A
+      result that still comes after that report is reported as well (the
+      runner rejects it as late and records a ``late_result_rejected`` notice).
     """
 
     name: str
@@ -175,6 +180,11 @@ def not_started(job_id: int, exc: Exception) -> Completion:
 def queue_ahead(executor: object) -> int:
     """How many jobs without a timeout ``executor`` takes beyond ``workers`` (see Executor)."""
     return max(0, int(getattr(executor, "queue_ahead", 0) or 0))
+
+
+def timeout_from_start(executor: object) -> bool:
+    """True if ``executor`` times each job from its start itself (see Executor)."""
+    return bool(getattr(executor, "timeout_from_start", False))
 
 
 def inline_when_alone(executor: object) -> bool:

@@ -83,9 +83,15 @@ class Jobs:
     def get(self, job_id: int) -> Instance | None:
         return self.running.get(job_id)
 
-    def finish(self, job_id: int) -> Instance | None:
-        """The task whose running attempt job ``job_id`` reported (None: not running)."""
-        return self.running.pop(job_id, None)
+    def finish(self, job_id: int, outcome: str = "") -> Instance | None:
+        """The task whose running attempt job ``job_id`` reported (None: not running).
+
+        An executor that times jobs itself reports ``timeout``: a late report of that
+        attempt is then rejected as late, as after a timeout the runner decides."""
+        inst = self.running.pop(job_id, None)
+        if inst is not None and outcome == "timeout":
+            self.timed_out[job_id] = (inst.key, inst.attempt)
+        return inst
 
     def abandon(self, job_id: int, inst: Instance) -> None:
         """The attempt timed out: a late report of it is rejected."""

@@ -32,6 +32,7 @@ from .config import Settings
 from .errors import InvalidTransitionError
 from .executor import Completion, Executor, Job, execute, not_started, queue_ahead, runs_in_driver
 from .executor import inline_when_alone as _inline_when_alone
+from .executor import timeout_from_start as _from_start
 from .gates import Gates, Pass, Refuse, Verdict, Wait
 from .graph import Graph
 from .inflight import Jobs, Timers
@@ -104,12 +105,11 @@ class Runner:
         self.workers = 1 if self.in_driver else settings.workers
         self.window = self.workers      # with the executor's queue_ahead (set by drive)
         self.inline_when_alone = _inline_when_alone(executor)
+        self.own_timers = not _from_start(executor)  # else the executor times jobs
         self.echo = settings.logs
         self.wait_approvals = settings.wait_approvals
         self.gates = Gates(run_id)  # approval gates: what they decide, the runner applies
-        self.folders: tuple[str, str] | None = worker_folders(store, run_id)
-        self.ledger_folder: str | None = self.folders[0] if self.folders else None
-        self.run_folder: str | None = self.folders[1] if self.folders else None
+        self.ledger_folder, self.run_folder = worker_folders(store, run_id) or (None, None)
         self.steps = StepResults(self.run_folder)
 
     #: the observer hooks someone implements, or None (tests read these)
@@ -152,7 +152,7 @@ class Runner:
             if row is None:
                 self.j.create_task(inst, now)
             else:
-                self.j.restore(inst, row, self.folders[1] if self.folders else None)
+                self.j.restore(inst, row, self.run_folder)
                 if inst.state == _SUCCEEDED:
                     restored.append(inst)
                     continue
@@ -243,9 +243,9 @@ class Runner:
         return self._finish()
 
     def _ahead(self) -> bool:
-        """With every worker busy: may the next ready task be queued ahead? Only within
-        the executor's ``queue_ahead`` and without a timeout (counted from the submit)."""
-        return len(self.running) < self.window and self.ready[0].node.task.options.timeout is None
+        """With every worker busy: may the next ready task queue ahead (Executor.queue_ahead)?"""
+        timed = self.ready[0].node.task.options.timeout is not None and self.own_timers
+        return len(self.running) < self.window and not timed
 
     def _wait(self) -> None:
         if self.inbox:
@@ -297,7 +297,7 @@ class Runner:
         inst.job = job
         self.jobs.add(job.id, inst)
         self._move(inst, _RUNNING, f"attempt {inst.attempt}{rejected}")
-        if opts.timeout is not None:
+        if opts.timeout is not None and self.own_timers:
             self.timers.add(opts.timeout, "timeout", job.id)
         self.starting.append(job)
 
@@ -388,7 +388,7 @@ class Runner:
 
     def _complete(self, c: Completion) -> None:
         """Apply an attempt's report: journal what it did, then move its task."""
-        inst = self.jobs.finish(c.job_id)
+        inst = self.jobs.finish(c.job_id, c.outcome)
         if inst is None:
             self._stray(c)
             return

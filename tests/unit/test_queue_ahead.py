@@ -107,3 +107,62 @@ def test_no_queue_ahead_keeps_one_job_a_worker(tmp_path):
     assert run.state == "succeeded"
     assert ex.most_held == 2
     assert ledgerflow.get_run(run.run_id, store=str(tmp_path / "l.duckdb")).state == "succeeded"
+
+
+class TimingExecutor(QueueingExecutor):
+    """Times jobs from their start itself (``timeout_from_start``), as a cluster does;
+    a job of ``late_task`` is reported ``timeout`` first and its result after."""
+
+    timeout_from_start = True
+
+    def __init__(self, ahead: int, pause: float = 0.01, late_task: str = "") -> None:
+        super().__init__(ahead)
+        self.pause = pause
+        self.late_task = late_task
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                while not self._jobs and not self._stop:
+                    self._wake.wait()
+                if self._stop:
+                    return
+                job = self._jobs.pop(0)
+            time.sleep(self.pause)
+            assert self._done is not None
+            if job.task_name == self.late_task and job.attempt == 1:
+                self._done(Completion(job.id, "timeout", error_type="TaskTimedOut",
+                                      error_message="no result within its timeout",
+                                      has_value=False))
+            c = execute(job, lambda: False)
+            with self._lock:
+                self.held -= 1
+            self._done(c)
+
+
+@task(timeout=0.3, retries=1)
+def slow_once(x: int) -> int:
+    return x
+
+
+@pipeline
+def late_one():
+    return slow_once(7)
+
+
+def test_an_executor_timing_from_the_start_gets_timed_jobs_queued_ahead(tmp_path):
+    # the executor counts each timeout from the job's start: waiting in its queue costs
+    # none of it, so the runner queues timed jobs ahead as it does untimed ones
+    ex = TimingExecutor(ahead=5, pause=0.2)
+    run = timed.run(n=6, store=str(tmp_path / "l.duckdb"), executor=ex, workers=1)
+    assert run.state == "succeeded"
+    assert run.result() == [2 * i for i in range(6)]
+    assert ex.most_held == 6            # one a worker, five ahead, timeouts and all
+
+
+def test_a_result_after_the_executors_timeout_is_rejected_as_late(tmp_path):
+    ex = TimingExecutor(ahead=0, late_task=slow_once.name)
+    run = late_one.run(store=str(tmp_path / "l.duckdb"), executor=ex, workers=1)
+    assert run.state == "succeeded" and run.result() == 7
+    assert [a["outcome"] for a in run.attempts()] == ["timeout", "ok"]
+    assert [n["kind"] for n in run.notices()] == ["late_result_rejected"]
