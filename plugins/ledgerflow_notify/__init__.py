@@ -22,10 +22,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shlex
 import subprocess
 import threading
-import urllib.request
 from typing import Any
 
 from ledgerflow import hookimpl
@@ -41,6 +39,7 @@ def _timeout() -> float:
 
 
 def _run_command(command: str, event: str, body: bytes) -> None:
+    import shlex  # here, not at import: every run loads this plugin, few notify
     try:
         subprocess.run(shlex.split(command), input=body, timeout=_timeout(), check=True,
                        env={**os.environ, "LEDGERFLOW_EVENT": event},
@@ -53,6 +52,7 @@ def _post(url: str, body: bytes) -> None:
     if not url.startswith(("http://", "https://")):
         log.warning("notify: LEDGERFLOW_NOTIFY_URL must be an http(s) URL, given %r", url)
         return
+    import urllib.request  # here, not at import: it pulls in http.client and ssl
     req = urllib.request.Request(url, data=body, method="POST",
                                  headers={"Content-Type": "application/json"})
     try:
