@@ -245,7 +245,8 @@ def step_dict(r: StepRecorded) -> dict[str, Any]:
 def usage_summary(model_calls: Iterable[Mapping[str, Any]],
                   tool_calls: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """Tokens, cost and calls, in total and per task, model and key alias
-    (``pipeline usage --json``). Replayed calls are counted apart: nothing billed."""
+    (``pipeline usage --json``). Replayed calls are counted apart: nothing billed.
+    Tool calls are counted in total and per task only (they have no model or key)."""
     def blank() -> dict[str, Any]:
         return {"model_calls": 0, "input_tokens": 0, "output_tokens": 0, "tokens": 0,
                 "cost": 0.0, "replayed": 0, "tool_calls": 0}
@@ -266,6 +267,9 @@ def usage_summary(model_calls: Iterable[Mapping[str, Any]],
     for t in tool_calls:
         totals["tool_calls"] += 1
         by["task"].setdefault(t["task_key"], blank())["tool_calls"] += 1
+    for k in ("model", "key"):      # a tool call has a task, not a model or key alias
+        for row in by[k].values():
+            del row["tool_calls"]
     return {"totals": totals,
             **{f"by_{k}": [{k: name, **v} for name, v in sorted(rows.items())]
                for k, rows in by.items()}}

@@ -47,6 +47,9 @@ def test_a_retry_gets_recorded_steps_back_and_calls_are_summed(tmp_path: Path,
     assert usage["totals"]["model_calls"] == 2 and usage["totals"]["tokens"] == 30
     assert usage["totals"]["tool_calls"] == 1
     assert usage["by_model"][0]["model"] == "mock/m"
+    # tool calls are counted where they belong: in all and by task, not by model or key
+    assert usage["by_task"][0]["tool_calls"] == 1
+    assert "tool_calls" not in usage["by_model"][0] and "tool_calls" not in usage["by_key"][0]
     rows = run.lineage("agent")
     assert {r["direction"] for r in rows} >= {"model_call", "tool_call"}
 
