@@ -5,7 +5,8 @@ does: a tool not on the allowlist fails the task at once (a notice says
 why); a recorded call of the same tool and arguments is replayed without
 running it; arguments are checked and paths resolved inside the tool's roots
 (bad ones go back to the model as an error it can fix); an ``approve=``
-tool waits for a person; the call is reserved in the task's and run's tool
+tool waits for a person, who may edit its arguments (the tool then runs with
+those, checked again, and the model reads that call's result); the call is reserved in the task's and run's tool
 budgets; the tool runs under :mod:`ledgerflow_agents.guard`; its result (or
 its exception text, known key values redacted) is what the model reads next,
 and a ``tool_calls`` row and a step record keep it.
@@ -16,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._canonical import digest
+from ._canonical import canonical_json, digest
 from .budget import Amount, Owner
 from .errors import BudgetExceeded, GovernanceError, PathNotAllowed, ToolNotAllowed
 from .governance import Governance, observe, result_text
@@ -75,15 +76,26 @@ def call_tool(self: Session, tools: Mapping[str, Tool], call: Mapping[str, Any],
         return tool_done(self, name, base, "invalid", f"error: invalid arguments: {why}", why)
     except PathNotAllowed as exc:
         return refused(self, name, base, corrections, exc)
-    approved_by = ""
+    approved_by, edited = "", ""
     if tname in approve:
         decision = self.ctx.approval(f"tool:{tname}", {"tool": tname, "arguments": args},
-                                     note=f"the agent wants to call {tname}")
+                                     note=f"the agent wants to call {tname}",
+                                     edit={"schema": t.parameters, "ref": adigest})
         if not decision.approved:
             return tool_done(self, name, {**base, "approved_by": decision.by}, "rejected",
                              f"error: a person rejected this call "
                              f"({decision.reason or 'no reason given'})", decision.reason)
         approved_by = decision.by or "?"
+        if decision.arguments is not None:      # the person edited the call's arguments
+            try:
+                prepared = t.prepare(decision.arguments, bound)
+            except (InvalidArguments, PathNotAllowed) as exc:
+                why = redact(str(exc), [gov.key])
+                return tool_done(self, name, {**base, "approved_by": approved_by}, "invalid",
+                                 f"error: the arguments a person approved are invalid: {why}",
+                                 why)
+            edited = (f"note: {approved_by} approved this call with edited arguments "
+                      f"{canonical_json(decision.arguments).decode()}\n")
     scopes = self.scopes(gov, key=False)
     rid = digest([self.task_scope, self.ctx.attempt, seq, "tool", self.local_id])[7:39]
     ledger = self.ledger()
@@ -118,8 +130,8 @@ def call_tool(self: Session, tools: Mapping[str, Tool], call: Mapping[str, Any],
         if over:
             raise self._over(over)
         return done
-    text = redact(result_text(value, max_chars), [gov.key]) if outcome == "ok" \
-        else f"error: {error}"
+    text = redact(edited + (result_text(value, max_chars) if outcome == "ok"
+                            else f"error: {error}"), [gov.key])
     done = tool_done(self, name, {**base, "approved_by": approved_by}, outcome, text, error)
     if over:
         raise self._over(over)

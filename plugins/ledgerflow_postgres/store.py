@@ -418,11 +418,12 @@ class PostgresStore(RecordReads):
 
     # -- approvals and steps -------------------------------------------------------------
     def decide(self, run_id: str, task_key: str, digest: str, decision: str, by: str,
-               reason: str) -> dict[str, Any]:
+               reason: str, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
         """Record a decision on an approval request from any process: a ``signals`` row
         (unique per request digest: the first decider wins) and a NOTIFY."""
         doc = {"task_key": task_key, "digest": digest, "decision": decision,
-               "decided_by": by, "reason": reason, "decided_at": time.time()}
+               "decided_by": by, "reason": reason, "decided_at": time.time(),
+               **({} if arguments is None else {"arguments": arguments})}
 
         def send(con: Any) -> dict[str, Any] | None:
             if not queries.has_run(con, run_id):

@@ -141,7 +141,7 @@ class MemoryStore(RecordReads):
             return matching(records, kind, task_key, attempt)
 
     def decide(self, run_id: str, task_key: str, digest: str, decision: str, by: str,
-               reason: str) -> dict[str, Any]:
+               reason: str, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
         self.get_run(run_id, tasks=False)
         with self._lock:
             made = self._decisions.setdefault(run_id, {})
@@ -153,7 +153,8 @@ class MemoryStore(RecordReads):
                     hint=f"see it with: pipeline approvals {run_id}")
             made[digest] = doc = {"task_key": task_key, "digest": digest,
                                   "decision": decision, "decided_by": by, "reason": reason,
-                                  "decided_at": time.time()}
+                                  "decided_at": time.time(),
+                                  **({} if arguments is None else {"arguments": arguments})}
         return doc
 
     def _side_decisions(self, run_id: str) -> list[dict[str, Any]]:

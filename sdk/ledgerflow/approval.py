@@ -156,6 +156,9 @@ def render(value: Any, name: str = "", limit: int = VALUE_LIMIT) -> str:
 ARG = "arg:"
 #: In an in-task request's ``inputs``: the task's code version when it asked.
 VERSION = "code_version"
+#: In an in-task request's ``inputs``: what an approver may edit (JSON text; see
+#: :mod:`ledgerflow.edits`).
+EDIT = "edit"
 
 
 def line(values: Mapping[str, str], limit: int = 400) -> str:
@@ -208,7 +211,9 @@ def request_doc(row: Mapping[str, Any], previous: Mapping[str, Any] | None = Non
         "run_id": row.get("run_id"), "task_key": row["task_key"], "action": row["action"],
         "summary": row["summary"], "digest": row["digest"],
         "arguments": {k[len(ARG):]: v for k, v in inputs.items() if k.startswith(ARG)},
-        "inputs": {k: v for k, v in inputs.items() if not k.startswith(ARG) and k != VERSION},
+        "inputs": {k: v for k, v in inputs.items()
+                   if not k.startswith(ARG) and k not in (VERSION, EDIT)},
+        "editable": EDIT in inputs,
         "requested_at": row.get("requested_at"), "deadline": row.get("deadline"),
         "on_timeout": row.get("on_timeout"), "approvers": list(row.get("approvers") or []),
         "note": row.get("note") or "", "state": row.get("state", PENDING_APPROVAL),
@@ -250,13 +255,15 @@ _ASKING = threading.local()
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """A recorded decision, as ``context().approval()`` returns it."""
+    """A recorded decision, as ``context().approval()`` returns it; ``arguments``: the
+    arguments the approver edited the payload's to (None: approved as asked)."""
 
     decision: str
     by: str = ""
     reason: str = ""
     at: float = 0.0
     digest: str = ""
+    arguments: dict[str, Any] | None = None
 
     @property
     def approved(self) -> bool:
@@ -274,12 +281,14 @@ class ApprovalNeeded(BaseException):
     """
 
     def __init__(self, action: str, digest: str, summary: str,
-                 gate: Approval | None = None) -> None:
+                 gate: Approval | None = None, edit: Mapping[str, Any] | None = None) -> None:
         super().__init__(f"approval needed for {action!r} ({digest[:12]})")
         self.action = action
         self.digest = digest
         self.summary = summary
         self.gate = gate or Approval()
+        #: what the approver may edit ({"schema", "ref"}; None: nothing)
+        self.edit = None if edit is None else dict(edit)
         #: the decisions this attempt used before asking (None: not known)
         used = getattr(_ASKING, "used", None)
         _ASKING.used = None
@@ -290,4 +299,5 @@ class ApprovalNeeded(BaseException):
         g = self.gate
         return {"action": self.action, "digest": self.digest, "summary": self.summary,
                 "timeout": g.timeout, "on_timeout": g.on_timeout,
-                "approvers": list(g.approvers), "note": g.note, "used": self.used}
+                "approvers": list(g.approvers), "note": g.note, "used": self.used,
+                "edit": self.edit}

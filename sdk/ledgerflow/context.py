@@ -11,7 +11,7 @@ import contextvars
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -125,7 +125,7 @@ class RunContext:
 
     def approval(self, action: str, payload: object = None, *, timeout: float | None = None,
                  on_timeout: str = "fail", approvers: Sequence[str] = (),
-                 note: str = "") -> Decision:
+                 note: str = "", edit: Mapping[str, Any] | None = None) -> Decision:
         """Ask a person to approve ``action`` with ``payload``; return the decision.
 
         The request is bound to a digest of this task, its code version, the
@@ -134,7 +134,9 @@ class RunContext:
         stops here (outcome ``waiting``), the task waits in ``waiting_approval``,
         and once decided the task runs again **from the start**, this call now
         returning the decision. Wrap work done before the gate in
-        :meth:`step` so it is not repeated.
+        :meth:`step` so it is not repeated. ``edit={"schema": ..., "ref": ...}`` lets
+        the approver change the payload's ``arguments`` (checked against the JSON
+        schema; they come back as the decision's ``arguments``: :mod:`ledgerflow.edits`).
 
         Example:
             >>> ctx = context()
@@ -146,7 +148,8 @@ class RunContext:
             return found
         raise ApprovalNeeded(action, d, _summary(payload),
                              Approval(timeout=timeout, on_timeout=on_timeout,
-                                      approvers=tuple(approvers), note=note, action=action))
+                                      approvers=tuple(approvers), note=note, action=action),
+                             edit)
 
     def step(self, name: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Run ``fn(*args, **kwargs)`` once for this task: its result is recorded, and a

@@ -16,6 +16,7 @@ from typing import Any
 
 from . import deciding, gates
 from ._gc import quiet_gc
+from .edits import approvals_with_edits
 from .errors import InputError, NotResumableError, RunEndedError
 from .launch import (
     Run,
@@ -309,17 +310,28 @@ def approvals(run_id: str | None = None, *, store: StoreArg = None,
     return [{"run_id": rid, **r} for rid in ids for r in deciding.pending(st, rid)]
 
 
+def edited(run_id: str, *, store: StoreArg = None) -> list[dict[str, Any]]:
+    """The run's requests approved with edited arguments, each with its ``edit``
+    (``original`` and ``arguments``: :mod:`ledgerflow.edits`)."""
+    st = open_ledger(store)
+    rows = approvals_with_edits(st.approvals(run_id), st.approval_decisions(run_id))
+    return [{"run_id": run_id, **r} for r in rows if r["edit"] is not None]
+
+
 def approve(run_id: str, task_key: str, *, digest: str, reason: str = "",
-            by: str | None = None, store: StoreArg = None) -> dict[str, Any]:
+            by: str | None = None, store: StoreArg = None,
+            arguments: dict[str, Any] | None = None) -> dict[str, Any]:
     """Approve the request waiting for ``task_key`` in ``run_id`` (from any process).
 
     ``digest`` is its digest or a prefix (at least 6 characters) as
     :func:`approvals` shows it; a digest that no longer matches (the
     arguments, inputs or payload changed) raises StaleDigestError. Resume the
-    run to continue it, if its driver stopped.
+    run to continue it, if its driver stopped. ``arguments``: a tool call runs with
+    these instead of the model's (checked against the tool's schema; InputError and
+    nothing recorded if they do not fit, or if the request is not a tool call).
     """
     return deciding.approve(open_ledger(store), run_id, task_key, digest=digest,
-                            reason=reason, by=by)
+                            reason=reason, by=by, arguments=arguments)
 
 
 def reject(run_id: str, task_key: str, *, reason: str, digest: str | None = None,

@@ -29,6 +29,7 @@ applied by whichever driver next drives the run.
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -38,17 +39,20 @@ from typing import TYPE_CHECKING, Any
 from .approval import (
     ARG,
     DRAFTING,
+    EDIT,
     VERSION,
     Approval,
     Decision,
     Decisions,
     line,
+    masked,
     payload_fields,
     previous_of,
     render,
     request_doc,
     unstable,
 )
+from .edits import checked, spec_of
 from .errors import (
     ApprovalConflictError,
     InputError,
@@ -189,8 +193,10 @@ class Gates:
         self._learn(store.approval_decisions(run_id))
 
     def _learn(self, decisions: Iterable[dict[str, Any]]) -> None:
-        for d in decisions:
-            self.decided.setdefault(d["digest"], d)
+        for d in decisions:      # a decision's edited arguments are in the side copy only
+            known = self.decided.setdefault(d["digest"], d)
+            if d.get("arguments") is not None:
+                known.setdefault("arguments", d["arguments"])
 
     def reopen(self, inst: Instance) -> None:
         """A task restored in ``waiting_approval``: its gate stays open."""
@@ -241,6 +247,8 @@ class Gates:
         version = inst.node.task.version
         summary, fields = payload_fields(request["summary"])
         inputs = {**{ARG + k: v for k, v in fields.items()}, VERSION: version}
+        if request.get("edit"):
+            inputs[EDIT] = json.dumps(request["edit"], sort_keys=True)
         used = request.get("used")
         if used is not None and dg not in self.decided:
             for old, (key, act, ver, before) in self.asked.items():
@@ -293,7 +301,7 @@ class Gates:
         drive sees the decision."""
         return Decisions({dg: Decision(d["decision"], d.get("decided_by") or "",
                                        d.get("reason") or "", float(d.get("decided_at") or 0),
-                                       dg)
+                                       dg, d.get("arguments"))
                           for dg, d in self.decided.items() if d["task_key"] == key})
 
 
@@ -326,7 +334,6 @@ def record_dict(r: ApprovalRequested) -> dict[str, Any]:
             "state": PENDING_APPROVAL, "current": True}
 
 
-
 # -- the readers' and deciders' side ---------------------------------------------------------
 
 def _waiting(r: Mapping[str, Any]) -> bool:
@@ -348,7 +355,8 @@ def apply_deadlines(st: RunStore, run_id: str) -> list[dict[str, Any]]:
 def pending(st: RunStore, run_id: str) -> list[dict[str, Any]]:
     """The requests of a run that wait for a decision (deadlines applied first), each as
     recorded plus what an approver sees (:func:`~ledgerflow.approval.request_doc`:
-    ``arguments``, ``changed``, ``previous``; ``inputs`` holds the input hashes)."""
+    ``arguments``, ``changed``, ``previous``, ``editable``; ``inputs``: input hashes;
+    ``edit_spec``: what may be edited, :func:`ledgerflow.edits.spec_of`)."""
     apply_deadlines(st, run_id)
     rows = st.approvals(run_id)
     by_gate: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -359,7 +367,8 @@ def pending(st: RunStore, run_id: str) -> list[dict[str, Any]]:
         same = by_gate[(r["task_key"], r["action"])]
         doc = request_doc(r, previous_of(same, r) if len(same) > 1 else None)
         out.append({**r, **{k: doc[k] for k in ("arguments", "inputs", "changed",
-                                                 "previous")}})
+                                                 "previous", "editable")},
+                    "edit_spec": spec_of(r)})
     return out
 
 
@@ -452,13 +461,16 @@ def _check_digest(req: dict[str, Any], prefix: str | None, required: bool) -> No
 
 
 def approve(st: RunStore, run_id: str, task_key: str, *, digest: str | None,
-            reason: str = "", by: str | None = None) -> dict[str, Any]:
+            reason: str = "", by: str | None = None,
+            arguments: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Approve the request waiting for ``task_key`` (``digest``: a prefix of its digest).
 
     ``by``: who decides, checked by :func:`ledgerflow.identity.decider` (default: the
-    OS user's approver name; another name only where the approvers mapping allows)."""
+    OS user's approver name; another name only where the approvers mapping allows).
+    ``arguments``: what a tool call runs with instead (:func:`ledgerflow.edits.checked`)."""
     req = _request(st, run_id, task_key)
     _check_digest(req, digest, required=True)
+    edit = {} if arguments is None else {"arguments": checked(req, arguments)}
     name = decider(by)
     if req["approvers"] and name not in req["approvers"]:
         raise InputError(f"{name!r} may not approve {task_key!r}; its approvers are: "
@@ -466,7 +478,7 @@ def approve(st: RunStore, run_id: str, task_key: str, *, digest: str | None,
                          hint="ask one of them (a person decides as their OS user, or as a "
                          "name the approvers mapping gives them: see the README's approvals)")
     return _decided(st, run_id, st.decide(run_id, task_key, req["digest"], _APPROVED, name,
-                                          reason))
+                                          reason, **edit))
 
 
 def reject(st: RunStore, run_id: str, task_key: str, *, reason: str,
@@ -482,5 +494,5 @@ def reject(st: RunStore, run_id: str, task_key: str, *, reason: str,
 
 
 def _decided(st: RunStore, run_id: str, dec: dict[str, Any]) -> dict[str, Any]:
-    notify("ledgerflow_approval_decided", run_id=run_id, decision=dict(dec))
+    notify("ledgerflow_approval_decided", run_id=run_id, decision=masked(dict(dec)))
     return dec

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Union
 from . import gates
 from ._gc import quiet_gc
 from .config import Settings, store_kind_for
+from .edits import approvals_with_edits, calls_with_edits
 from .errors import (
     InputError,
     NotResumableError,
@@ -221,15 +222,18 @@ class Run:
         """The run's approval requests with their decisions (``state``: pending,
         approved, rejected, expired); deadlines that passed are applied first."""
         gates.apply_deadlines(self.store, self.run_id)
-        rows = self.store.approvals(self.run_id)
+        rows = approvals_with_edits(self.store.approvals(self.run_id),
+                                    self.store.approval_decisions(self.run_id))
         return gates.waiting_requests(rows) if pending_only else rows
 
     def approve(self, task_key: str, *, digest: str, reason: str = "",
-                by: str | None = None) -> dict[str, Any]:
+                by: str | None = None, arguments: dict[str, Any] | None = None
+                ) -> dict[str, Any]:
         """Approve the request waiting for ``task_key`` (``digest``: its digest or a
-        prefix of it, as shown by :meth:`approvals`). Then resume the run."""
+        prefix of it, as shown by :meth:`approvals`); ``arguments``: a tool call's
+        edited arguments (see :func:`ledgerflow.approve`). Then resume the run."""
         return gates.approve(self.store, self.run_id, task_key, digest=digest,
-                                reason=reason, by=by)
+                             reason=reason, by=by, arguments=arguments)
 
     def reject(self, task_key: str, *, reason: str, digest: str | None = None,
                by: str | None = None) -> dict[str, Any]:
@@ -254,8 +258,11 @@ class Run:
         return self.store.model_calls(self.run_id)
 
     def tool_calls(self) -> list[dict[str, Any]]:
-        """Every tool call of the run, in order."""
-        return self.store.tool_calls(self.run_id)
+        """Every tool call of the run, in order; ``edit``: how its approver edited its
+        arguments (``original``, ``arguments``; None: ran as the model asked)."""
+        st = self.store
+        return calls_with_edits(st.tool_calls(self.run_id), st.approvals(self.run_id),
+                                st.approval_decisions(self.run_id))
 
     def events(self, task_key: str | None = None) -> list[dict[str, Any]]:
         """Every task transition (seq, task, attempt, from, to, reason, time), in order."""

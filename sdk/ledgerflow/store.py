@@ -143,11 +143,12 @@ class RunStore(Protocol):
         """True if the result file behind ``uri`` is still there."""
 
     def decide(self, run_id: str, task_key: str, digest: str, decision: str, by: str,
-               reason: str) -> dict[str, Any]:
+               reason: str, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
         """Record a decision on the approval request ``digest`` from any process.
 
         Atomic: of two deciders of one request exactly one wins; the others get
-        ApprovalConflictError. Returns the decision (``decided_at`` set).
+        ApprovalConflictError. Returns the decision (``decided_at`` set; with
+        ``arguments`` when the approver edited them: :mod:`ledgerflow.edits`).
         """
 
     def approval_decisions(self, run_id: str) -> list[dict[str, Any]]:

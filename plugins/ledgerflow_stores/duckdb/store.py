@@ -387,13 +387,14 @@ class DuckDBStore(RecordReads):
 
     # -- approvals and steps -----------------------------------------------------------
     def decide(self, run_id: str, task_key: str, digest: str, decision: str, by: str,
-               reason: str) -> dict[str, Any]:
+               reason: str, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
         """Record a decision on a request from any process; the first one wins
         (ApprovalConflictError for the others)."""
         self.get_run(run_id, tasks=False)
         return self.decisions.write(run_id, {
             "task_key": task_key, "digest": digest, "decision": decision,
-            "decided_by": by, "reason": reason, "decided_at": time.time()})
+            "decided_by": by, "reason": reason, "decided_at": time.time(),
+            **({} if arguments is None else {"arguments": arguments})})
 
     def worker_folders(self, run_id: str) -> tuple[str, str]:
         """(the ledger's side folder, this run's folder): where workers on this machine
