@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from ledgerflow.errors import InputError, StaleDigestError
 from ledgerflow_agents import MockModel, agent_task, tool
 from tests.agents.test_agent_subprocess import _calls, _cli, _project, _requests, _side
 from tests.readme.readme import blocks, commands
+from tests.waiting import wait_until
 
 
 @tool
@@ -187,3 +190,39 @@ def test_cli_approve_with_edited_arguments_then_resume(tmp_path: Path) -> None:
     assert 'original: {"text": "one"}' in text and 'edited:   {"text": "two"}' in text
     calls = ledgerflow.get_run(run_id, store=ledger).tool_calls()
     assert [(c["outcome"], c["edit"]["arguments"]) for c in calls] == [("ok", {"text": "two"})]
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("kind", ["duckdb", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_waiting_driver_picks_up_an_edited_decision(tmp_path: Path, kind: str,
+                                                       request: pytest.FixtureRequest) -> None:
+    flow, ledger, env = _project(tmp_path, [_calls("one"), {"text": "done"}],
+                                 approve="append_line")
+    if kind == "postgres":
+        name = f"lf_wait_{os.getpid()}_{tmp_path.name[-8:]}".lower().replace("-", "_")
+        ledger = str(request.getfixturevalue("pg_server").create_schema(name))
+        env["LEDGERFLOW_BLOB_DIR"] = str(tmp_path / "blobs")
+    proc = subprocess.Popen([sys.executable, "-m", "ledgerflow", "run", str(flow), "-p",
+                             f"out={tmp_path / 'out'}", "--store", ledger, "--wait-approvals"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        run_id = proc.stdout.readline().split()[1]
+        wait_until(lambda: _cli("approvals", run_id, "--store", ledger, "--json",
+                                env=env).stdout.strip() not in ("", "[]"), timeout=60,
+                   what="the tool call's request")
+        (req,) = json.loads(_cli("approvals", run_id, "--store", ledger, "--json",
+                                 env=env).stdout)
+        ok = _cli("approve", run_id, "worker", "--digest", req["digest"][:12], "--arguments",
+                  '{"text": "three"}', "--store", ledger, env=env)
+        assert ok.returncode == 0, ok.stderr
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    assert proc.returncode == 0, out + err
+    assert _side(tmp_path) == ["three"]
+    told = [m["content"] for m in _requests(tmp_path)[-1]["request"]["messages"]
+            if m["role"] == "tool"]
+    assert len(told) == 1 and told[0].endswith("appended three"), told
