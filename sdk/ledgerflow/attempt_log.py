@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from . import private
 from .keys import digest
 from .records import ModelCall, Notice, Record, ToolCall
 
@@ -69,8 +70,8 @@ def append_call(run_folder: str, task_key: str, attempt: int, kind: str,
 
 def _append_line(path: str, line: str) -> None:
     """Append one line in one ``write`` (a crash leaves at most a torn last line)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    private.make_dirs(os.path.dirname(path))
+    fd = private.open_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         os.write(fd, (line + "\n").encode())
     finally:

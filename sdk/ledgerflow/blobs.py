@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from . import private
 from .errors import MissingResultError
 from .results import Encoded, decode
 
@@ -49,13 +50,14 @@ class Blobs:
         rel = f"results/{enc.hash[:2]}/{enc.hash}.{_EXT[enc.kind]}"
         path = self.root / rel
         if not path.exists():        # content-addressed: the same bytes are written once
-            path.parent.mkdir(parents=True, exist_ok=True)
+            private.make_dirs(path.parent)
             tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
             if enc.kind == "arrow":
                 import pyarrow.parquet as pq
                 pq.write_table(decode("arrow", enc.data), tmp)
+                private.restrict(tmp)
             else:
-                tmp.write_bytes(enc.data)
+                private.write_file(tmp, enc.data)
             if self.durable:
                 with open(tmp, "rb") as fh:
                     os.fsync(fh.fileno())

@@ -19,6 +19,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from ledgerflow import private
 from ledgerflow.records import (
     KINDS,
     AttemptEnded,
@@ -202,8 +203,8 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> Non
     if body.startswith((b"\n", b"[]")) or body.endswith((b"\n", b"[]")) \
             or b"\n\n" in body or b"\n[]\n" in body:     # rare: empty commits or lines
         body = b"\n".join(ln for ln in body.split(b"\n") if ln not in (b"", b"[]")) or b"[]"
-    scratch.parent.mkdir(parents=True, exist_ok=True)
-    scratch.write_bytes(body.replace(b"]\n[", b","))
+    private.make_dirs(scratch.parent)
+    private.write_file(scratch, body.replace(b"]\n[", b","))
     del body
     try:
         con.execute("CREATE OR REPLACE TEMP TABLE lf_raw AS SELECT json AS r FROM "

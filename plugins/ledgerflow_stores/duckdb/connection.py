@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import duckdb
 
+from ledgerflow import private
 from ledgerflow.errors import DamagedLedgerError, NotALedgerError, StoreError, StoreLockedError
 
 from . import schema
@@ -261,10 +262,12 @@ class Ledger:
 
     def _open(self, write: bool) -> Any:
         try:
+            created = False
             if write:
-                Path(self.location).parent.mkdir(parents=True, exist_ok=True)
+                private.make_dirs(Path(self.location).parent)
                 if not self.exists():
                     self._complete_new()
+                    created = True
                 elif self.version is None:
                     # a damaged or foreign file must be refused before a write opens it
                     ro = Attached(self.location, read_only=True)
@@ -273,6 +276,8 @@ class Ledger:
                     finally:
                         ro.close()
             con = Attached(self.location, read_only=not write)
+            if created:     # DuckDB creates it with the umask's mode; nothing in it yet
+                private.restrict(self.location)
         except duckdb.Error as exc:
             if is_lock_error(exc):
                 raise

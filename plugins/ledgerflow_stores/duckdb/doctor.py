@@ -138,6 +138,11 @@ def examine(store: DuckDBStore) -> list[Finding]:
                     else "was being driven when its driver stopped")
             out.append(Finding(False, f"run {rid} {what}: resumable",
                                f"pipeline resume {rid}"))
+    for rid, path, why in store.decisions.damaged():
+        out.append(Finding(True, f"run {rid}: the decision file {path} is damaged ({why}): "
+                           "it is no decision, and its request stays undecided",
+                           f"remove it, then decide again (pipeline approvals {rid} shows "
+                           "the request)"))
     if readable:
         for rid in sorted(set(table_runs) - journal_runs):
             out.append(Finding(False, f"run {rid} has no journal (folded by an older "

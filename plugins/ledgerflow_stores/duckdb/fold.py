@@ -27,7 +27,15 @@ from ledgerflow.errors import ConfigError, StoreLockedError
 from ledgerflow.records import Takeover
 
 from .batch import insert
-from .journal import Damage, Journals, check_line, iter_lines, unframe
+from .journal import (
+    UNCHECKED_DECISION,
+    Damage,
+    Journals,
+    check_line,
+    iter_lines,
+    unchecked_decision,
+    unframe,
+)
 
 log = logging.getLogger("ledgerflow")
 
@@ -229,6 +237,8 @@ def _verified(path: Path, body: bytes, end: int) -> tuple[bytes, int, Damage | N
             data = unframe(line)
             if data is None:
                 return b"\n".join(out), pos, Damage(path, pos, "checksum mismatch")
+            if data is line and unchecked_decision(line):
+                return b"\n".join(out), pos, Damage(path, pos, UNCHECKED_DECISION)
             out.append(data)
         pos += len(line) + 1
     return b"\n".join(out), end, None

@@ -11,7 +11,10 @@ a segment no reader applies.
 The journals are the source of truth: once a finished run is folded, its
 segments are archived as ``.jsonl.gz`` (``pipeline repair`` rebuilds the
 tables from them). A line that fails its checksum or does not decode is
-*damage*: readers use a segment up to it and report where it is.
+*damage*: readers use a segment up to it and report where it is. So is a line
+without a checksum that holds an approval decision: the first release wrote
+no decisions, so that line was not written by ledgerflow (a decision counts
+only as the store records it, :mod:`.decisions`).
 """
 
 from __future__ import annotations
@@ -26,9 +29,12 @@ from pathlib import Path
 
 import msgspec
 
-from ledgerflow.records import AnyRecord, Record, decode_line, encode_line
+from ledgerflow import private
+from ledgerflow.records import AnyRecord, ApprovalDecided, Record, decode_line, encode_line
 
 _TAB = b"\t"
+#: why a line without a checksum that holds an approval decision is damage
+UNCHECKED_DECISION = "an approval decision without its checksum (not written by ledgerflow)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +69,17 @@ def unframe(line: bytes) -> bytes | None:
     except ValueError:
         return None
     return body if ok else None
+
+
+def unchecked_decision(line: bytes) -> bool:
+    """True if ``line`` (as written) carries no checksum but holds an approval decision."""
+    cut = line.rfind(_TAB)
+    if (cut >= 0 and len(line) - cut == 9) or b'"Q"' not in line:
+        return False
+    try:
+        return any(isinstance(r, ApprovalDecided) for r in decode_line(line))
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return False
 
 
 def check_line(line: bytes) -> tuple[bytes | None, list[AnyRecord], str]:
@@ -129,8 +146,8 @@ class Journals:
         The driver holds an exclusive ``flock`` on it while it drives: a second
         sign of life beside the lease file (:meth:`held`).
         """
-        self.folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path(run_id, token), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        private.make_dirs(self.folder)
+        fd = private.open_file(self.path(run_id, token), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -189,7 +206,9 @@ class Journals:
         for _, seg in self.segments(run_id):
             gz = seg.with_name(seg.name + ".gz")
             tmp = seg.with_name(seg.name + f".gz.{os.getpid()}.tmp")
-            with open(seg, "rb") as src, gzip.open(tmp, "wb", compresslevel=1) as dst:
+            out = os.fdopen(private.open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb")
+            with open(seg, "rb") as src, out, gzip.GzipFile(
+                    filename="", mode="wb", compresslevel=1, fileobj=out, mtime=0) as dst:
                 while chunk := src.read(1 << 20):
                     dst.write(chunk)
             os.replace(tmp, gz)
@@ -235,6 +254,8 @@ def read_records(path: Path, start: int) -> tuple[list[AnyRecord], int, Damage |
         for line in body.split(b"\n"):
             if line:
                 _, recs, why = check_line(line)
+                if not why and unchecked_decision(line):
+                    why = UNCHECKED_DECISION
                 if why:
                     return records, pos, Damage(path, pos, why)
                 records.extend(recs)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ledgerflow import private
 from ledgerflow.procs import pid_alive, proc_start
 
 #: A lease from another host counts as alive this long after its last heartbeat.
@@ -36,12 +37,12 @@ class Leases:
 
     def write(self, run_id: str, token: int) -> None:
         d = self.run_dir(run_id)
-        d.mkdir(parents=True, exist_ok=True)
+        private.make_dirs(d)
         pid = os.getpid()
         doc = {"token": token, "pid": pid, "host": socket.gethostname(),
                "start": proc_start(pid), "heartbeat": time.time()}
         tmp = d / f"lease.{pid}.{threading.get_ident()}.tmp"
-        tmp.write_text(json.dumps(doc))
+        private.write_file(tmp, json.dumps(doc).encode())
         os.replace(tmp, d / "lease")
 
     def read(self, run_id: str) -> dict[str, Any] | None:
@@ -73,8 +74,8 @@ class Leases:
     # -- cancel requests -----------------------------------------------------------------
     def request_cancel(self, run_id: str) -> None:
         d = self.run_dir(run_id)
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "cancel").write_text(str(time.time()))
+        private.make_dirs(d)
+        private.write_file(d / "cancel", str(time.time()).encode())
 
     def cancel_requested(self, run_id: str) -> bool:
         return os.path.exists(self.folder / run_id / "cancel")

@@ -18,6 +18,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from ledgerflow import private
+
 #: Seconds after which a reader's marker no longer counts (a reader waits 30 s at most).
 STALE = 60.0
 
@@ -33,8 +35,8 @@ class Waiting:
         """Mark this thread as waiting for the file for the block."""
         path = self.folder / f"{os.getpid()}-{threading.get_ident()}"
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            path.touch()
+            private.make_dirs(self.folder)
+            os.close(private.open_file(path, os.O_WRONLY | os.O_CREAT))
         except OSError:          # a folder this reader cannot write: it polls unmarked
             yield
             return
