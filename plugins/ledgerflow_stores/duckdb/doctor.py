@@ -21,13 +21,19 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from ledgerflow.errors import NotALedgerError, NotResumableError, PipelineError
+from ledgerflow.errors import (
+    NotALedgerError,
+    NotResumableError,
+    PipelineError,
+    SchemaVersionError,
+)
 from ledgerflow.projection import apply
+from ledgerflow.records import FORMAT_VERSION, DriverHeader
 from ledgerflow.views import RunView
 
 from . import queries, schema
 from .connection import Ledger, sql_string
-from .journal import Damage, read_records
+from .journal import Damage, check_line, iter_lines, read_records
 
 if TYPE_CHECKING:
     from .store import DuckDBStore
@@ -91,11 +97,18 @@ def examine(store: DuckDBStore) -> list[Finding]:
                                    f"{version}" + (" (no tables yet)" if version == 0 else "")))
             else:
                 out.append(Finding(False, f"no ledger file yet at {store.location}"))
+    except SchemaVersionError as exc:
+        readable = False
+        out.append(Finding(True, str(exc), _UPGRADE))
     except PipelineError as exc:
         readable = False
         out.append(Finding(True, f"the ledger file cannot be read: {exc}",
                            _NOT_A_LEDGER if _foreign(store, exc) else repair))
     journal_runs = store.journals.all_runs()
+    for rid in sorted(journal_runs):
+        newer = _newer_format(store, rid)
+        if newer:
+            out.append(Finding(True, f"run {rid}: {newer}", _UPGRADE))
     for rid in sorted(journal_runs):
         try:
             jview, damage = journal_view(store, rid)
@@ -185,6 +198,32 @@ def _missing_results(store: DuckDBStore) -> list[Finding]:
     return out
 
 
+_UPGRADE = ("upgrade ledgerflow to the release that wrote it (pipeline repair refuses: "
+            "rebuilding it with this one would drop what the newer one wrote)")
+
+
+def _newer_format(store: DuckDBStore, run_id: str) -> str:
+    """Why ``run_id``'s journal was written by a newer ledgerflow ("" if it was not):
+    a driver header of a newer record format."""
+    for _, path in _segments(store, run_id):
+        header = _header(path)
+        if header is not None and header.format > FORMAT_VERSION:
+            return (f"journal {path.name} was written by a newer ledgerflow (record "
+                    f"format {header.format}; this one reads up to {FORMAT_VERSION})")
+    return ""
+
+
+def _header(path: Path) -> DriverHeader | None:
+    """The driver header of a segment (among its first lines), if it has one."""
+    for body, _ in iter_lines(path, 0, 4096):
+        for line in body.split(b"\n")[:4]:
+            for r in check_line(line)[1]:
+                if isinstance(r, DriverHeader):
+                    return r
+        return None
+    return None
+
+
 _NOT_A_LEDGER = ("pass --store the path of a ledgerflow ledger (a new path creates one); "
                  "this file is someone else's")
 
@@ -207,8 +246,16 @@ def rebuild(store: DuckDBStore) -> tuple[str, list[str]]:
         if _foreign(store, exc):
             raise NotALedgerError(f"{exc}, and no journals are beside it: nothing to rebuild "
                                   "(the file is left as it is)", hint=_NOT_A_LEDGER) from None
+    except SchemaVersionError as exc:
+        raise SchemaVersionError(f"{exc}: a repair would drop what it wrote, so nothing "
+                                 "was changed", hint=_UPGRADE) from None
     except PipelineError:
         pass        # damaged: rebuilt below
+    for rid in sorted(store.journals.all_runs()):
+        newer = _newer_format(store, rid)
+        if newer:
+            raise SchemaVersionError(f"run {rid}: {newer}: a repair would drop what it "
+                                     "wrote, so nothing was changed", hint=_UPGRADE)
     for rid in store.journals.runs():
         if store.driver_alive(rid):
             raise NotResumableError(f"run {rid} is being driven right now; repair needs the "

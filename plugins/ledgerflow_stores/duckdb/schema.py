@@ -124,8 +124,8 @@ def check(con: Any, location: str) -> int:
     version = int(row[0][0]) if row else 0
     if version > SCHEMA_VERSION:
         raise SchemaVersionError(
-            f"ledger {location} has schema version {version}; this ledgerflow "
-            f"reads up to {SCHEMA_VERSION}")
+            f"ledger {location} was written by a newer ledgerflow (schema version "
+            f"{version}; this one reads up to {SCHEMA_VERSION})")
     return version
 
 
