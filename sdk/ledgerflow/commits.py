@@ -179,12 +179,21 @@ class Journal:
                                  reason))
 
     def create_task(self, inst: Instance, now: float) -> None:
-        """Record a new task and its creation (``None -> pending``)."""
+        """Record a new task and its creation (``None -> pending``).
+
+        Its upstream keys are the tasks it reads from; a fan-out child with an
+        item names the task whose list it was mapped over first (lineage shows
+        that edge; the list is not in its fingerprint, the item is).
+        """
         node = inst.node
+        g = inst.group
+        ups = [u.key for u in inst.up]
+        if g is not None and inst.has_item and g.source is not None:
+            ups.insert(0, g.source.key)
         self.buf.append(TaskCreated(
             inst.key, node.task.name, node.key,
-            None if inst.group is None else inst.key[len(node.key):], inst.pos,
-            [u.key for u in inst.up], node.task.version, now))
+            None if g is None else inst.key[len(node.key):], inst.pos,
+            ups, node.task.version, now))
         self.move(inst, _PENDING.value)
 
     def succeed(self, inst: Instance, c: Completion) -> None:

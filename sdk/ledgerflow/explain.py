@@ -209,7 +209,10 @@ class _Why:
         if old.code_version != row.code_version:
             ex.reasons.append("code")
             ex.changes["code"] = [old.code_version, row.code_version]
-        inputs = self._inputs_diff(row)
+        # an equal fingerprint means equal inputs; a fan-out child also names the list
+        # it was mapped over, which is not in its fingerprint (its item is)
+        same = row.fingerprint is not None and row.fingerprint == old.fingerprint
+        inputs = {} if same else self._inputs_diff(row)
         if inputs:
             ex.reasons.append("input")
             ex.changes["inputs"] = inputs
