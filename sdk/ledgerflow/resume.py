@@ -72,8 +72,13 @@ def decide(row: TaskRow, retries: int | None = None, *,
         if retries is None or used <= retries:
             return Decision(Action.RERUN, why, lost=True, moves=(
                 (_T.RETRY_WAIT, "attempt lost: driver died"), (_T.READY, "resume")))
+        # no reason on the hop through failed: the lost attempt is the task's error until
+        # an attempt of this resume ends (a reason here would stay its error after a
+        # success: the SQL fold keeps a failed transition's reason when the same batch
+        # ends in an ok attempt)
         return Decision(Action.RERUN, why, lost=True, moves=(
-            (_T.FAILED, "attempt lost: driver died, no retries left"), reset))
+            (_T.FAILED, ""), (_T.PENDING, "resume: attempt lost with no retries left (driver "
+                              "died): reset with a fresh attempt budget")))
     if state in FAILED_LIKE:
         return Decision(Action.RERUN, f"was {state}: reset with a fresh attempt budget",
                         moves=(reset,))
