@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,11 +83,14 @@ def examine(store: DuckDBStore) -> list[Finding]:
     out: list[Finding] = []
     repair = "pipeline repair rebuilds the tables from the journals (keeps the old file)"
     table_runs: dict[str, RunView] = {}
+    known: set[tuple[str, int]] = set()        # damage the tables hold (folded up to it)
+    repaired: set[tuple[str, int]] = set()     # damage a repair kept the good part of
     readable = True
     try:
         with store.ledger.connect(False) as con:
             version = store.ledger.version
             if con is not None:
+                known, repaired = _damage_known(con)
                 table_runs = queries.list_runs(con, 1_000_000)
                 for rid in list(table_runs):
                     view = queries.load_run(con, rid, upstream=False)
@@ -122,6 +126,11 @@ def examine(store: DuckDBStore) -> list[Finding]:
                                    "went on past it; what it held after that point was "
                                    "run again)"))
                 continue
+            if (rid, _token_of(d.path)) in repaired:
+                out.append(Finding(False, f"run {rid}: {d.describe()} (history: pipeline "
+                                   "repair kept what came before it; what it held after "
+                                   "that point is dropped)"))
+                continue
             out.append(Finding(True, f"run {rid}: {d.describe()}; what it held after that "
                                "point is not applied", f"pipeline resume {rid} re-runs it "
                                "(at-least-once); pipeline repair keeps the good part"))
@@ -131,7 +140,9 @@ def examine(store: DuckDBStore) -> list[Finding]:
         live = store.journals.segments(rid)
         if readable and live and not store.driver_alive(rid):
             folded = _folded(store, rid)
-            left = sum(max(0, p.stat().st_size - folded.get(t, 0)) for t, p in live)
+            # past a damage the tables know of there is nothing to fold (said above)
+            left = sum(max(0, p.stat().st_size - folded.get(t, 0)) for t, p in live
+                       if (rid, t) not in known)
             if left:
                 out.append(Finding(True, f"run {rid}: {left} bytes of journal not folded "
                                    "into the tables (its driver stopped before its last "
@@ -163,6 +174,25 @@ def examine(store: DuckDBStore) -> list[Finding]:
                                "can rebuild them if the file is lost"))
         out.extend(_missing_results(store))
     return sorted(out, key=lambda f: not f.problem)
+
+
+#: The notice a repair leaves for each damage it cut a journal at (doctor reads it back).
+_REPAIRED = "journal_damage_repaired"
+_REPAIRED_TOKEN = re.compile(r"journal token (\d+) cut at byte")
+
+
+def _damage_known(con: Any) -> tuple[set[tuple[str, int]], set[tuple[str, int]]]:
+    """``(run, token)`` of the journal damage the tables hold, and of that a repair cut."""
+    try:
+        known = {(r, int(t)) for r, t in con.execute(
+            "SELECT DISTINCT run_id, token FROM journal_damage").fetchall()}
+        notes = con.execute("SELECT run_id, message FROM notices WHERE kind = ?",
+                            [_REPAIRED]).fetchall()
+    except duckdb.Error:        # tables of an older schema: nothing known
+        return set(), set()
+    repaired = {(r, int(m.group(1))) for r, msg in notes
+                if (m := _REPAIRED_TOKEN.search(msg or "")) is not None}
+    return known, repaired
 
 
 def _folded(store: DuckDBStore, run_id: str) -> dict[int, int]:
@@ -277,6 +307,11 @@ def rebuild(store: DuckDBStore) -> tuple[str, list[str]]:
             for token, offset, reason in _damage(con, rid):
                 notes.append(f"run {rid}: journal token {token} cut at byte {offset} "
                              f"({reason}); what follows it there is dropped")
+                # kept in the tables: pipeline doctor tells this damage as history
+                con.execute("INSERT INTO notices VALUES (?, NULL, NULL, ?, ?, ?)",
+                            [rid, _REPAIRED, f"pipeline repair: journal token {token} cut "
+                             f"at byte {offset} ({reason}); what followed it is dropped",
+                             time.time()])
     kept = f"{store.location}.broken-{stamp}"
     with store.ledger.lock:
         if os.path.exists(store.location):

@@ -166,7 +166,7 @@ class Fold:
             con.execute("ROLLBACK")
             # lines without a checksum (the first release's) that DuckDB cannot read:
             # find the first bad one and fold what comes before it
-            clean, good_end, damage = _decoded(path, clean, end - len(body) - 1, str(exc))
+            clean, good_end, damage = _decoded(path, body, end - len(body) - 1, str(exc))
             con.execute("BEGIN")
             try:
                 if clean:
@@ -244,17 +244,21 @@ def _verified(path: Path, body: bytes, end: int) -> tuple[bytes, int, Damage | N
     return b"\n".join(out), end, None
 
 
-def _decoded(path: Path, clean: bytes, start: int,
+def _decoded(path: Path, body: bytes, start: int,
              why: str) -> tuple[bytes, int, Damage | None]:
-    """Like :func:`_verified`, finding the first line that does not decode."""
+    """Like :func:`_verified`, finding the first line that does not decode (``body``: the
+    lines as written, so offsets count their checksums)."""
     out: list[bytes] = []
     pos = start
-    for line in clean.split(b"\n"):
+    for line in body.split(b"\n"):
         if line:
-            _, _, bad = check_line(line)
+            data = unframe(line)
+            if data is None:
+                break       # a checksum damage, and every line before it decodes
+            _, _, bad = check_line(data)
             if bad:
                 return b"\n".join(out), pos, Damage(path, pos, bad)
-            out.append(line)
+            out.append(data)
         pos += len(line) + 1
     raise RuntimeError(f"the fold failed on journal lines that all decode: {why}")
 

@@ -65,8 +65,9 @@ def _status(run: api.Run, task_key: str | None, all_rows: bool, as_json: bool) -
     if view.damage:
         out(f"damaged: {view.damage}")
         out("  (the records after the damage are not applied; pipeline doctor explains it)")
-    for n in run.notices()[:20]:
-        out(f"notice: {n['task_key']} attempt {n['attempt']}: {n['kind']}: {n['message']}")
+    for n in run.notices()[:20]:    # a run's own notice (a repair's, a fold's) names no task
+        who = f"{n['task_key']} attempt {n['attempt']}: " if n["task_key"] else ""
+        out(f"notice: {who}{n['kind']}: {n['message']}")
 
 
 def _task_status(run: api.Run, view: RunView, task_key: str, as_json: bool) -> None:
