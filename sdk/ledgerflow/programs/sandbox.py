@@ -13,7 +13,8 @@ a capability is left, :class:`SandboxUnavailable` is raised and nothing runs
 
 The file system view (``view``):
 
-* ``"host"`` (default): the host's ``/`` read-only, a private ``/tmp``, a
+* ``"host"`` (default): the host's ``/`` read-only, a private ``/tmp`` (the
+  driver's Python installation stays seen, a venv under ``/tmp`` too), a
   fresh ``/dev`` and ``/proc``; the working directory and ``inputs`` visible,
   ``writable`` paths (and the folders of ``outputs``) writable, ``read_only``
   paths kept read-only even inside writable ones. Everything else the user may
@@ -133,8 +134,6 @@ def _system_view() -> list[str]:
         path = "/etc/" + name
         if os.path.lexists(path):
             args += ["--ro-bind-try", path, path]
-    for path in _runtime():
-        args += ["--ro-bind-try", path, path]
     return args
 
 
@@ -152,6 +151,8 @@ def bwrap_argv(exe: str, *, cwd: str, visible: Sequence[str], writable: Sequence
     else:
         args = [exe, "--ro-bind", "/", "/"]
     args += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", *ISOLATION]
+    for path in _runtime():     # over the private /tmp: a venv under /tmp is seen too
+        args += ["--ro-bind-try", path, path]
     if not network:
         args.append("--unshare-net")
         for path in _SOCKET_DIRS:
