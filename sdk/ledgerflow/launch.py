@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
-from . import gates
+from . import deciding, gates
 from ._gc import quiet_gc
 from .config import Settings, store_kind_for
 from .edits import approvals_with_edits, calls_with_edits
@@ -232,13 +232,13 @@ class Run:
         """Approve the request waiting for ``task_key`` (``digest``: its digest or a
         prefix of it, as shown by :meth:`approvals`); ``arguments``: a tool call's
         edited arguments (see :func:`ledgerflow.approve`). Then resume the run."""
-        return gates.approve(self.store, self.run_id, task_key, digest=digest,
+        return deciding.approve(self.store, self.run_id, task_key, digest=digest,
                              reason=reason, by=by, arguments=arguments)
 
     def reject(self, task_key: str, *, reason: str, digest: str | None = None,
                by: str | None = None) -> dict[str, Any]:
         """Reject the request waiting for ``task_key``: it fails with reason ``rejected``."""
-        return gates.reject(self.store, self.run_id, task_key, reason=reason,
+        return deciding.reject(self.store, self.run_id, task_key, reason=reason,
                                digest=digest, by=by)
 
     def logs(self, task_key: str | None = None, attempt: int | None = None
