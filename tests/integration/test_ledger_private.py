@@ -41,9 +41,10 @@ def gated(n: int = 5):
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ledgerflow", *args], capture_output=True,
-                          text=True, env=env, timeout=120,
-                          preexec_fn=lambda: os.umask(0o022))  # noqa: PLW1509
+    # as a user whose umask lets the group and others read what they create
+    return subprocess.run(["sh", "-c", 'umask 022 && exec "$0" "$@"', sys.executable, "-m",
+                           "ledgerflow", *args], capture_output=True, text=True, env=env,
+                          timeout=120)
 
 
 def _life(tmp: Path, ledger: str, n: int = 5) -> str:
