@@ -153,3 +153,16 @@ def test_a_decision_file_copied_from_another_request_does_not_check(waiting,
     assert _state(run_id, ledger, env) == ("waiting", "waiting_approval")
     doctor = _cli("doctor", "--store", ledger, env=env)
     assert doctor.returncode == 2 and str(copied) in doctor.stdout, doctor.stdout
+
+
+def test_an_unchecked_file_of_a_request_the_journal_decided_is_no_problem(waiting) -> None:
+    """A decision file an older ledgerflow wrote (no checksum) after its decision reached
+    the journal: doctor mentions it, and it is not a problem."""
+    run_id, ledger, digest, env = waiting
+    _approve_and_resume(run_id, ledger, digest, env)
+    path = Path(ledger + ".d") / "runs" / run_id / "decisions" / f"{digest}.json"
+    doc, _ = path.read_text().rsplit("\t", 1)
+    path.write_text(doc)            # as the release before the checksum wrote it
+    doctor = _cli("doctor", "--store", ledger, env=env)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert str(path) in doctor.stdout and "changes nothing" in doctor.stdout

@@ -29,7 +29,7 @@ from ledgerflow.errors import (
     SchemaVersionError,
 )
 from ledgerflow.projection import apply
-from ledgerflow.records import FORMAT_VERSION, DriverHeader
+from ledgerflow.records import FORMAT_VERSION, ApprovalDecided, DriverHeader
 from ledgerflow.views import RunView
 
 from . import queries, schema
@@ -162,11 +162,7 @@ def examine(store: DuckDBStore) -> list[Finding]:
                     else "was being driven when its driver stopped")
             out.append(Finding(False, f"run {rid} {what}: resumable",
                                f"pipeline resume {rid}"))
-    for rid, path, why in store.decisions.damaged():
-        out.append(Finding(True, f"run {rid}: the decision file {path} is damaged ({why}): "
-                           "it is no decision, and its request stays undecided",
-                           f"remove it, then decide again (pipeline approvals {rid} shows "
-                           "the request)"))
+    out.extend(_bad_decisions(store))
     if readable:
         for rid in sorted(set(table_runs) - journal_runs):
             out.append(Finding(False, f"run {rid} has no journal (folded by an older "
@@ -193,6 +189,29 @@ def _damage_known(con: Any) -> tuple[set[tuple[str, int]], set[tuple[str, int]]]
     repaired = {(r, int(m.group(1))) for r, msg in notes
                 if (m := _REPAIRED_TOKEN.search(msg or "")) is not None}
     return known, repaired
+
+
+def _bad_decisions(store: DuckDBStore) -> list[Finding]:
+    """The decision files that do not check: damage, unless the journal holds the
+    request's decision anyway (a file an older ledgerflow wrote without a checksum)."""
+    out: list[Finding] = []
+    journaled: dict[str, set[str]] = {}
+    for rid, path, why in store.decisions.damaged():
+        if rid not in journaled:
+            try:
+                journaled[rid] = {r.digest for r in store._kind_rows(rid, ApprovalDecided)}
+            except PipelineError:
+                journaled[rid] = set()
+        if path.name.removesuffix(".json") in journaled[rid]:
+            out.append(Finding(False, f"run {rid}: the decision file {path} does not check "
+                               f"({why}); its request was decided in the journal, so it "
+                               "changes nothing", "remove it"))
+            continue
+        out.append(Finding(True, f"run {rid}: the decision file {path} is damaged ({why}): "
+                           "it is no decision, and its request stays undecided",
+                           f"remove it, then decide again (pipeline approvals {rid} shows "
+                           "the request)"))
+    return out
 
 
 def _folded(store: DuckDBStore, run_id: str) -> dict[int, int]:
