@@ -229,3 +229,43 @@ def test_a_resume_starts_its_progress_from_the_counts_the_run_had(tmp_path) -> N
     progress = Progress()
     ledgerflow.resume(run.run_id, store=path, executor="inline", progress=progress)
     assert progress.begun == {"failed": 1, "succeeded": 4, "upstream_failed": 1}
+
+
+
+@task
+def shaky() -> int:
+    raise ValueError("not yet")
+
+
+@pipeline
+def after_shaky():
+    return total([shaky()])
+
+
+def test_a_task_that_failed_with_a_reason_then_succeeded_folds_without_an_error(
+        tmp_path) -> None:
+    """One fold batch holding a task's move to ``failed`` with a reason and, after a
+    reset, its ok attempt gives the error the journal's projection gives: none."""
+    from ledgerflow.records import AttemptEnded, Transition
+    path = tmp_path / "l.duckdb"
+    first = after_shaky.run(store=_unfolded(path), executor="inline")
+    assert first.state == "failed"
+    assert first.status().tasks["total"].error      # the upstream failure, said why
+    st = _unfolded(path)
+    lease = st.take_over(first.run_id)
+    seq = st.get_run(first.run_id).max_seq
+    now = 1.0
+    st.append(lease, [
+        Transition(seq + 1, "total", 0, "upstream_failed", "failed", "given up: lost", now),
+        Transition(seq + 2, "total", 0, "failed", "pending", "", now),
+        Transition(seq + 3, "total", 0, "pending", "ready", "", now),
+        Transition(seq + 4, "total", 1, "ready", "running", "attempt 1", now),
+        AttemptEnded("total", 1, "ok", now, now, "", "", ""),
+        Transition(seq + 5, "total", 1, "running", "succeeded", "", now)])
+    st.release(lease)
+    projected = st.get_run(first.run_id).tasks["total"]       # folded rows + journal
+    assert projected.state == "succeeded" and projected.error is None
+    DuckDBStore(str(path)).fold()
+    folded = ledgerflow.get_run(first.run_id, store=str(path)).status().tasks["total"]
+    assert not list((tmp_path / "l.duckdb.d" / "journals").glob("*.jsonl"))
+    assert (folded.state, folded.error) == ("succeeded", None)

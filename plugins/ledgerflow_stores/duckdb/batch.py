@@ -84,8 +84,8 @@ _SUMMARIES: dict[str, tuple[str, dict[str, str]]] = {
                     arg_max(ts, seq) AS last_at,
                     arg_max(attempt, seq) FILTER (WHERE to_state = 'pending'
                                                   AND from_state IS NOT NULL) AS budget_base,
-                    nullif(arg_min(reason, seq) FILTER (WHERE to_state IN
-                           ('failed', 'upstream_failed')), '') AS fail_reason
+                    list({'i': i, 'reason': reason} ORDER BY i) FILTER (WHERE to_state IN
+                         ('failed', 'upstream_failed') AND reason <> '') AS fails
               FROM (SELECT *, max(seq) FILTER (WHERE to_state = 'pending'
                                                AND from_state IS NOT NULL)
                               OVER (PARTITION BY task_key) AS reset_seq FROM lf_e)
@@ -97,7 +97,7 @@ _SUMMARIES: dict[str, tuple[str, dict[str, str]]] = {
                        "WHEN e.budget_base IS NOT NULL THEN NULL ELSE tasks.ended_at END",
            "budget_base": "coalesce(e.budget_base, tasks.budget_base)"}),
     # the error text: ledgerflow.views.error_text in SQL
-    "A": ("""SELECT task_key, max(attempt) AS attempts,
+    "A": ("""SELECT task_key, max(attempt) AS attempts, max(i) AS last_i,
                     arg_max_null(CASE WHEN outcome IN ('ok', 'waiting') THEN NULL
                          WHEN outcome IN ('timeout', 'lost', 'cancelled') THEN
                              CASE WHEN coalesce(error_message, '') = '' THEN outcome
@@ -121,13 +121,15 @@ _SUMMARIES: dict[str, tuple[str, dict[str, str]]] = {
                             ("cached_from", "cached_from"), ("result_attempt", "attempt"))}),
 }
 
-#: The ``error`` column, by which of A and E a batch holds: an attempt's error, else why
-#: the task failed without one (a refused approval, an upstream that failed).
+#: The ``error`` column, by which of A and E a batch holds, as the projection applies
+#: records in order: the last attempt's error; else why the task failed without one (a
+#: refused approval, an upstream that failed), from the first such move after that
+#: attempt (an earlier one is overwritten by the attempt, even by an ok one).
 _ERROR: dict[tuple[bool, bool], str] = {
     (True, False): "CASE WHEN a.task_key IS NULL THEN tasks.error ELSE a.error END",
-    (False, True): "coalesce(tasks.error, e.fail_reason)",
-    (True, True): "coalesce(CASE WHEN a.task_key IS NULL THEN tasks.error "
-                  "ELSE a.error END, e.fail_reason)",
+    (False, True): "coalesce(tasks.error, e.fails[1].reason)",
+    (True, True): "coalesce(CASE WHEN a.task_key IS NULL THEN tasks.error ELSE a.error END, "
+                  "list_filter(e.fails, lambda f: f.i > coalesce(a.last_i, -1))[1].reason)",
 }
 
 
