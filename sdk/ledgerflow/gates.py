@@ -1,4 +1,4 @@
-"""Approval gates: what a gate decides for the driver, and deciding requests from any process.
+"""Approval gates: what a gate decides for the driver, and what waits for readers.
 
 The requests' life cycle is :class:`~ledgerflow.states.ApprovalState`
 (pending -> approved | rejected | expired). A decision is recorded through the
@@ -19,9 +19,9 @@ applied by whichever driver next drives the run.
 * An in-task request whose payload changes on every attempt (asked again after
   an approval of the same action that the attempt did not use) is refused,
   naming the fields that changed (:func:`~ledgerflow.approval.unstable`).
-* :func:`approve`, :func:`reject` and :func:`pending` are the deciding side
-  (the CLI, the console, :class:`~ledgerflow.Run`); who decides is
-  :func:`ledgerflow.identity.decider`'s answer. The hooks
+* :func:`pending` lists what waits; :func:`ledgerflow.deciding.approve` and
+  ``reject`` are the deciding side (the CLI, the console, :class:`~ledgerflow.Run`);
+  who decides is :func:`ledgerflow.identity.decider`'s answer. The hooks
   ``ledgerflow_approval_requested`` / ``_decided`` / ``_expired`` fire once per
   request (:func:`notify`).
 """
