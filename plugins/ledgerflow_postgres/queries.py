@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from ledgerflow import ledger
+from ledgerflow.errors import NotResumableError
 from ledgerflow.ledger import CacheSQL
 from ledgerflow.records import AnyRecord, Record, decode_line
 from ledgerflow.views import RunView, TaskRow
@@ -19,13 +20,14 @@ from .sql import RUN_FIELDS, TASK_COLUMNS
 R = TypeVar("R", bound=Record)
 
 _RUN_SQL = ("SELECT " + ", ".join(f'r."{c}"' for c in RUN_FIELDS) +
-            ", l.expires_at > now(), l.pid, l.host, l.pid_start "
+            ", l.expires_at > now(), l.pid, l.host, l.pid_start, l.token "
             "FROM runs r LEFT JOIN leases l USING (run_id) WHERE r.run_id = %s")
 
 
 def load_run(con: Any, run_id: str, *, tasks: bool = True,
              upstream: bool = True) -> tuple[RunView, tuple[Any, ...]] | None:
-    """The run's rows and its lease ``(unexpired, pid, host, pid_start)`` (None: no run)."""
+    """The run's rows and its lease ``(unexpired, pid, host, pid_start, token)`` (None: no
+    run)."""
     row = con.execute(_RUN_SQL, [run_id]).fetchone()
     if row is None:
         return None
@@ -115,3 +117,14 @@ def record_rows(con: Any, run_id: str, kind: type[R], *, task_key: str | None = 
     """The rows of an append-only record kind, as records, in the order written."""
     return ledger.record_rows(con, run_id, kind, mark="%s", order=_order,
                               task_key=task_key, attempt=attempt)
+
+
+def resumed_meanwhile(con: Any, run_id: str) -> NotResumableError:
+    """The refusal of a takeover of a run another driver took over (and maybe finished)
+    since this process read it: the read is stale, so the run is not driven from it."""
+    row = con.execute("SELECT l.pid, l.host, r.state FROM leases l JOIN runs r "
+                      "USING (run_id) WHERE run_id = %s", [run_id]).fetchone()
+    pid, host, state = row if row is not None else (None, None, "unknown")
+    return NotResumableError(
+        f"run {run_id} is being resumed by pid {pid} on {host} (or was, since this resume "
+        f"read it: it is {state} now)", hint=f"see it with: pipeline status {run_id}")

@@ -10,19 +10,17 @@ know) is a no-op: before sending it again the store checks whether it
 landed. A background thread **folds** committed rows into the tables
 (``events``, ``attempts``, ``tasks``, ...), set-based (:mod:`.fold`).
 
-Reading: in one snapshot, the tables plus the run's commits not folded yet,
-applied with :func:`ledgerflow.projection.apply`; so every process reads
-exactly what was committed (the reads themselves are
-:class:`ledgerflow.ledger.RecordReads` over this store's primitives). The tables themselves (users' SQL, the
-``lineage`` view) lag a live run by at most one fold, and a crashed run's
-tail is folded by whoever takes the run over.
+Reading: in one snapshot, the tables plus the run's commits not folded yet, applied
+with :func:`ledgerflow.projection.apply`; every process reads exactly what was committed
+(:class:`ledgerflow.ledger.RecordReads` over this store's primitives). The tables (users'
+SQL, the ``lineage`` view) lag a live run by at most one fold; a crashed run's tail is
+folded by whoever takes the run over, and a takeover based on a read another driver made
+stale is refused (of two resumes at once, one drives).
 
-Waiting. Every operation waits for a database that went away
-(:meth:`.connection.Database.retrying`, ``LEDGERFLOW_STORE_WAIT`` seconds,
-20 by default) and then raises ``StoreUnavailableError``; a run interrupted
-so is finished by ``pipeline resume``. Leases (:mod:`.lease`) expire on the
-server's clock after ``LEDGERFLOW_LEASE_TTL`` seconds (30) and are renewed
-every third of that; a driver that cannot renew in time stops itself.
+Waiting. Every operation waits for a database that went away (``LEDGERFLOW_STORE_WAIT``
+seconds, 180 by default), then raises ``StoreUnavailableError``. Leases (:mod:`.lease`)
+expire on the server's clock after ``LEDGERFLOW_LEASE_TTL`` seconds (30), renewed every
+third of that; a driver that cannot renew in time stops itself.
 """
 
 from __future__ import annotations
@@ -75,7 +73,7 @@ class PostgresStore(RecordReads):
         url: a libpq URL (``postgresql://user@host:5432/db``); give the password
             through ``PGPASSWORD`` or ``~/.pgpass``, not in the URL.
         lease_ttl: seconds a lease lives unrenewed (default ``LEDGERFLOW_LEASE_TTL`` or 30).
-        wait: seconds to wait for a database that went away (``LEDGERFLOW_STORE_WAIT``, 20).
+        wait: seconds to wait for a database that went away (``LEDGERFLOW_STORE_WAIT``, 180).
         blob_dir: where large results go (``LEDGERFLOW_BLOB_DIR``; see :mod:`.blobs`).
     """
 
@@ -95,6 +93,7 @@ class PostgresStore(RecordReads):
         self._wlock = self.conns.wlock       # the writer connection and the mirrors
         self._mirrors: dict[str, Mirror] = {}
         self._claimed: dict[str, Lease] = {}
+        self._seen: dict[str, int] = {}      # run -> lease token it was last read at
         self.folder = Folder(self.conns, self._mirrors, self._fenced)
 
     # -- writing --------------------------------------------------------------------------
@@ -159,6 +158,8 @@ class PostgresStore(RecordReads):
                         f"run {run_id} is still being driven by pid {lpid} on {lhost} "
                         f"(its lease expires in {max(0.0, float(left)):.0f}s unless renewed)",
                         hint=f"wait for it, or stop it first: pipeline cancel {run_id}")
+                if self._seen.get(run_id, token) < token:   # read while another drove
+                    raise queries.resumed_meanwhile(con, run_id)
                 sent[0] = time.monotonic()
                 con.execute(TAKE_OVER_SQL, [token + 1, pid, host, start, self.ttl, run_id])
                 return int(token) + 1
@@ -248,14 +249,12 @@ class PostgresStore(RecordReads):
         with self._wlock:
             mirror = self._mirrors.get(run_id)
             if mirror is None or mirror.token != lease.token:
-                raise LeaseLostError(
-                    f"lease lost: run {run_id} token {lease.token} is not held here any more "
-                    "(taken over or released)",
-                    hint=f"watch it with: pipeline status {run_id}")
+                raise LeaseLostError(f"lease lost: run {run_id} token {lease.token} is not held "
+                                     "here any more (taken over or released)",
+                                     hint=f"watch it with: pipeline status {run_id}")
             scratch, rows, run_changed, next_ord = project(mirror, records)
             seq = mirror.seq + 1
-            params = commit_params(run_id, lease.token, seq, encode_line(records)[:-1],
-                                   len(records))
+            params = commit_params(run_id, lease.token, seq, encode_line(records)[:-1], len(records))
             check = "SELECT 1 FROM commits WHERE run_id = %s AND token = %s AND seq = %s"
 
             def attempt(retry: bool) -> bool:
@@ -330,7 +329,7 @@ class PostgresStore(RecordReads):
     # -- reading --------------------------------------------------------------------------
     @staticmethod
     def _alive(view: RunView, lease: tuple[Any, ...]) -> bool:
-        unexpired, pid, host, start = lease
+        unexpired, pid, host, start, _ = lease
         return bool(view.state in _ACTIVE and unexpired and not holder_gone(pid, host, start))
 
     def _merged(self, con: Any, run_id: str, *, tasks: bool = True,
@@ -346,6 +345,7 @@ class PostgresStore(RecordReads):
             if not tasks:
                 view.tasks = {}
         view.driver_alive = self._alive(view, lease)
+        self._seen[run_id] = -1 if view.driver_alive else int(lease[4] or 0)
         return view, tail
 
     def get_run(self, run_id: str, *, tasks: bool = True, upstream: bool = True) -> RunView:
