@@ -289,4 +289,5 @@ def test_killing_the_sandbox_init_is_a_failure_never_exit_0(tmp_path: Path) -> N
     finally:
         worker.join(60)
     assert len(failure) == 1 and isinstance(failure[0], ProgramError), failure
-    assert failure[0].exit_code != 0
+    assert failure[0].exit_code is None and failure[0].signal == "SIGKILL", failure
+    assert "before the program reported how it ended" in str(failure[0])

@@ -20,11 +20,14 @@ pipeline like any task (``.map``, retries, caching). How an attempt runs:
   then SIGKILL after ``grace`` seconds, repeated until none is left
   (``TaskTimedOut`` / ``TaskCancelled``).
 * **Sandbox** (``sandbox="bwrap"``): a new user namespace with no
-  capability, whoever runs it (:mod:`.sandbox`).
+  capability, whoever runs it (:mod:`.sandbox`); inside it a stdlib reporter
+  applies the rlimits and tells the program's own wait status, so a signal is
+  named and a sandbox ended early is a failure, never exit 0 (:mod:`.report`).
 
 The package: ``limits`` (rlimits), ``errors``, ``params`` (placeholders),
 ``tree`` (process tree, on :mod:`ledgerflow.procs`), ``supervise`` (driver
-side), ``supervisor_main`` (the supervisor), ``sandbox`` (bwrap argv),
+side), ``supervisor_main`` (the supervisor), ``sandbox`` (bwrap argv), ``report``
+(the status from inside the sandbox),
 ``task`` (:class:`ProgramSpec`, :class:`ProgramTask`). Linux only.
 """
 

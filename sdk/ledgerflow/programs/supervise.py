@@ -104,13 +104,14 @@ class Ended:
     status: int | None             # raw wait status of the program, None if unknown
     cpu_s: float
     exec_error: str
+    note: str = ""                 # why the status is not the program's own (the sandbox's)
 
 
 class Supervised:
     """One started program under its supervisor (driver side)."""
 
     def __init__(self, argv: list[str], env: dict[str, str], cwd: str | None,
-                 rlimits: list[tuple[str, int, int]]) -> None:
+                 rlimits: list[tuple[str, int, int]], keep_fds: tuple[int, ...] = ()) -> None:
         ctl_r, self.ctl_w = os.pipe()
         self.st_r, st_w = os.pipe()
         cfg = json.dumps({"argv": argv, "ctl": ctl_r, "status": st_w, "rlimits": rlimits})
@@ -119,7 +120,7 @@ class Supervised:
             self.proc = subprocess.Popen(
                 [python, "-I", "-S", SUPERVISOR, tree.SUPERVISOR_MARK, cfg], stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
-                pass_fds=(ctl_r, st_w), start_new_session=True)
+                pass_fds=(ctl_r, st_w, *keep_fds), start_new_session=True)
         except BaseException:
             os.close(self.ctl_w)
             os.close(self.st_r)

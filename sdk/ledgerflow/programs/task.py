@@ -22,6 +22,7 @@ from . import sandbox
 from .errors import LimitExceeded, ProgramError, UnsafeArgument
 from .limits import Limits, limit_hit
 from .params import carrier_env, fill, hash_path, names, text
+from .report import Report
 from .supervise import Ended, Stream, Supervised
 
 __all__ = ["MINIMAL_ENV", "ProgramResult", "ProgramSpec", "ProgramTask"]
@@ -178,7 +179,12 @@ class ProgramSpec:
         for path, chash in self.input_hashes(args, kwargs):
             ctx.record_input(path, chash)
         outputs = self._paths(self.outputs, values, cwd)
+        for path in outputs:            # a stale file from an earlier attempt is no output
+            if os.path.isfile(path):
+                os.unlink(path)
         command = argv
+        rlimits = self.limits.rlimits() if self.limits else []
+        report: Report | None = None
         if self.sandbox == "bwrap":
             exe = sandbox.check(self.name)
             here = cwd or os.getcwd()
@@ -188,21 +194,32 @@ class ProgramSpec:
                 writable=[*self._paths(self.writable, values, cwd),
                           *(os.path.dirname(p) for p in outputs)],
                 read_only=self._paths(self.read_only, values, cwd), network=self.network,
-                view=self.view) + argv
-        for path in outputs:            # a stale file from an earlier attempt is no output
-            if os.path.isfile(path):
-                os.unlink(path)
+                view=self.view)
+            # the program's own status comes back on a pipe (bwrap only passes on 128+n),
+            # and the rlimits apply to the program, not to bwrap and the reporter
+            report = Report()
+            command += report.argv(sys.executable or "python3", rlimits) + argv
+            rlimits = []
         try:
-            tree = Supervised(command, env, cwd, self.limits.rlimits() if self.limits else [])
-        except OSError as exc:
-            raise ProgramError(f"program {self.name!r} could not start: {exc}") from None
-        out = Stream(self.output_cap, lambda: sys.stdout)
-        err = Stream(self.output_cap, lambda: sys.stderr)
-        try:
-            ended = tree.follow(out, err, timeout=self.timeout, grace=self.grace,
-                                cancelled=lambda: ctx.cancel_requested)
+            try:
+                tree = Supervised(command, env, cwd, rlimits,
+                                  keep_fds=(report.w,) if report else ())
+            except OSError as exc:
+                raise ProgramError(f"program {self.name!r} could not start: {exc}") from None
+            if report:
+                report.started()
+            out = Stream(self.output_cap, lambda: sys.stdout)
+            err = Stream(self.output_cap, lambda: sys.stderr)
+            try:
+                ended = tree.follow(out, err, timeout=self.timeout, grace=self.grace,
+                                    cancelled=lambda: ctx.cancel_requested)
+            finally:
+                tree.close()
+            if report:
+                ended = report.settle(ended)
         finally:
-            tree.close()
+            if report:
+                report.close()
         return self._result(ended, argv, out, err, outputs)
 
     def _result(self, ended: Ended, argv: list[str], out: Stream, err: Stream,
@@ -224,9 +241,11 @@ class ProgramSpec:
         sig = -code if code < 0 else None
         exit_code = None if sig is not None else code
         tail = err.last_lines()
-        if sig is not None or code not in self.ok_codes:
+        if sig is not None or code not in self.ok_codes or ended.note:
             what = f"was killed by {_signame(sig)}" if sig is not None \
                 else f"exited with code {code} (ok: {', '.join(map(str, self.ok_codes))})"
+            if ended.note:
+                what = f"{what}: {ended.note}" if sig is not None else ended.note
             limit = limit_hit(self.limits, sig, ended.cpu_s, tail)
             stderr = f"; last lines of stderr:\n{tail}" if tail else "; stderr was empty"
             if limit is not None:
