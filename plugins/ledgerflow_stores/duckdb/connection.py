@@ -120,6 +120,19 @@ def is_damage(exc: BaseException) -> bool:
                             duckdb.InternalException)) or any(w in msg for w in _DAMAGE)
 
 
+#: The fix for a ledger file whose runs the journals beside it still hold.
+REPAIR = "pipeline repair rebuilds the tables from the journals (keeps the old file)"
+
+
+def journals_beside(location: str) -> bool:
+    """True if the ledger's side folder holds a run's journal (the file was a ledger)."""
+    try:
+        return any(f.name.endswith((".jsonl", ".jsonl.gz"))
+                   for f in Path(location + ".d", "journals").iterdir())
+    except OSError:
+        return False
+
+
 def damaged(location: str, exc: BaseException) -> DamagedLedgerError:
     """The error for a ledger file DuckDB cannot read."""
     first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
@@ -288,9 +301,14 @@ class Ledger:
                                  "writable folder") from None
             if "not a valid DuckDB" in msg and os.path.getsize(self.location) == 0:
                 raise damaged(self.location, exc) from None
+            if "not a valid DuckDB" in msg and journals_beside(self.location):
+                # overwritten: the journals beside it hold its runs (as pipeline doctor says)
+                raise DamagedLedgerError(f"ledger {self.location} is damaged: not a DuckDB "
+                                         "file any more, but the journals beside it hold "
+                                         "its runs", hint=REPAIR) from None
             if "not a valid DuckDB" in msg:
                 raise NotALedgerError(f"{self.location} is not a ledgerflow ledger "
-                                      "(not a DuckDB file)") from None
+                                      "(not a DuckDB file)", hint=schema.NOT_A_LEDGER) from None
             if is_damage(exc):
                 raise damaged(self.location, exc) from None
             raise StoreError(f"cannot open ledger {self.location}: {msg}",

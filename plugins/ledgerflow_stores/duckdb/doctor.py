@@ -33,7 +33,7 @@ from ledgerflow.records import FORMAT_VERSION, ApprovalDecided, DriverHeader
 from ledgerflow.views import RunView
 
 from . import queries, schema
-from .connection import Ledger, sql_string
+from .connection import REPAIR, Ledger, sql_string
 from .journal import Damage, check_line, iter_lines, read_records
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ def journal_view(store: DuckDBStore, run_id: str) -> tuple[RunView | None, list[
 def examine(store: DuckDBStore) -> list[Finding]:
     """Everything worth saying about the ledger, problems first."""
     out: list[Finding] = []
-    repair = "pipeline repair rebuilds the tables from the journals (keeps the old file)"
+    repair = REPAIR
     table_runs: dict[str, RunView] = {}
     known: set[tuple[str, int]] = set()        # damage the tables hold (folded up to it)
     repaired: set[tuple[str, int]] = set()     # damage a repair kept the good part of
@@ -107,7 +107,7 @@ def examine(store: DuckDBStore) -> list[Finding]:
     except PipelineError as exc:
         readable = False
         out.append(Finding(True, f"the ledger file cannot be read: {exc}",
-                           _NOT_A_LEDGER if _foreign(store, exc) else repair))
+                           (exc.hint or repair) if _foreign(store, exc) else repair))
     journal_runs = store.journals.all_runs()
     for rid in sorted(journal_runs):
         newer = _newer_format(store, rid)
@@ -273,10 +273,6 @@ def _header(path: Path) -> DriverHeader | None:
     return None
 
 
-_NOT_A_LEDGER = ("pass --store the path of a ledgerflow ledger (a new path creates one); "
-                 "this file is someone else's")
-
-
 def _foreign(store: DuckDBStore, exc: Exception) -> bool:
     """True if the file is not a ledger and no journal says it ever was one."""
     return isinstance(exc, NotALedgerError) and not store.journals.all_runs()
@@ -294,7 +290,7 @@ def rebuild(store: DuckDBStore) -> tuple[str, list[str]]:
     except NotALedgerError as exc:
         if _foreign(store, exc):
             raise NotALedgerError(f"{exc}, and no journals are beside it: nothing to rebuild "
-                                  "(the file is left as it is)", hint=_NOT_A_LEDGER) from None
+                                  "(the file is left as it is)", hint=exc.hint) from None
     except SchemaVersionError as exc:
         raise SchemaVersionError(f"{exc}: a repair would drop what it wrote, so nothing "
                                  "was changed", hint=_UPGRADE) from None

@@ -16,6 +16,9 @@ import duckdb
 from ledgerflow.errors import NotALedgerError, SchemaVersionError
 
 SCHEMA_VERSION = 4
+#: The fix for a file that is not a ledger (every command and ``pipeline doctor`` say it).
+NOT_A_LEDGER = ("pass --store the path of a ledgerflow ledger (a new path creates one); "
+                "this file is someone else's")
 
 MIGRATIONS: list[tuple[int, list[str]]] = [
     (1, [
@@ -120,7 +123,7 @@ def check(con: Any, location: str) -> int:
         if not tables:
             return 0
         raise NotALedgerError(f"{location} is a DuckDB file but not a ledgerflow "
-                              "ledger (no meta table)") from None
+                              "ledger (no meta table)", hint=NOT_A_LEDGER) from None
     version = int(row[0][0]) if row else 0
     if version > SCHEMA_VERSION:
         raise SchemaVersionError(
