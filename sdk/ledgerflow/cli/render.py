@@ -106,54 +106,71 @@ class Lines:
 
 
 class Bar:
-    """A live rich progress bar on a terminal."""
+    """A live rich progress bar on a terminal.
+
+    Every figure of a frame (the bar, done/total, running, failed) is read from one
+    copy of the counts taken as the frame is drawn (rich redraws 10 times a second),
+    so a frame never pairs a fresh running count with a stale total.
+    """
 
     def __init__(self, initial: Mapping[str, int] | None = None) -> None:
         from rich.progress import (
             BarColumn,
-            MofNCompleteColumn,
             Progress,
+            ProgressColumn,
             TextColumn,
             TimeElapsedColumn,
         )
+        from rich.progress_bar import ProgressBar
         from rich.text import Text
 
         bar = self
 
-        class Detail(TextColumn):       # read at each refresh: never a transition behind
-            def render(self, task: Any) -> Text:
-                c = bar.counts
-                return Text(f"running {c.get(TaskState.RUNNING)}  "
-                            f"failed {c.get(TaskState.FAILED)}")
+        class Frame(Progress):
+            def get_renderables(self) -> Any:
+                bar.shown = dict(bar.counts.by_state)       # one copy for the whole frame
+                yield from super().get_renderables()
 
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
-                                 MofNCompleteColumn(), Detail(""),
-                                 TimeElapsedColumn(), transient=False)
+        class Filled(BarColumn):
+            def render(self, task: Any) -> ProgressBar:
+                total, ended = bar.figures()[:2]
+                return ProgressBar(total=total or None, completed=ended, pulse=not total,
+                                   animation_time=task.get_time(), style=self.style,
+                                   complete_style=self.complete_style,
+                                   finished_style=self.finished_style,
+                                   pulse_style=self.pulse_style)
+
+        class Done(ProgressColumn):
+            def render(self, task: Any) -> Text:
+                total, ended = bar.figures()[:2]
+                return Text(f"{ended}/{total or '?'}", style="progress.download")
+
+        class Detail(ProgressColumn):
+            def render(self, task: Any) -> Text:
+                running, failed = bar.figures()[2:]
+                return Text(f"running {running}  failed {failed}")
+
         self.counts = Counts(initial)
-        self.task = self.progress.add_task("tasks", total=self.counts.total or None)
+        self.shown: dict[str, int] = dict(self.counts.by_state)
+        self.progress = Frame(TextColumn("{task.description}"), Filled(), Done(), Detail(),
+                              TimeElapsedColumn(), transient=False)
+        self.task = self.progress.add_task("tasks", total=None)
         self.progress.start()
-        self.last = 0.0
+
+    def figures(self) -> tuple[int, int, int, int]:
+        """``(total, ended, running, failed)`` of the frame being drawn."""
+        c = Counts(self.shown)
+        return c.total, c.ended, c.get(TaskState.RUNNING), c.get(TaskState.FAILED)
 
     def begin(self, counts: Mapping[str, int]) -> None:
         """Start from a resumed run's counts (read by the resume itself)."""
         self.counts = Counts(counts)
-        self._draw()
 
     def __call__(self, key: str, old: str, new: str) -> None:
-        self.counts.move(old, new)
-        now = time.monotonic()
-        if now - self.last < 0.1 and new != TaskState.FAILED:
-            return
-        self.last = now
-        self._draw()
-
-    def _draw(self) -> None:
-        c = self.counts
-        self.progress.update(self.task, total=c.total, completed=c.ended)
+        self.counts.move(old, new)      # drawn at the next frame
 
     def close(self) -> None:
-        self._draw()
-        self.progress.stop()
+        self.progress.stop()            # its last frame reads the final counts
 
 
 def progress_for(as_json: bool, initial: Mapping[str, int] | None = None) -> Any:
@@ -196,8 +213,8 @@ def summary(view: RunView, *, all_rows: bool = False, every_row: bool = False) -
     from rich.table import Table
     console = Console(width=max(100, min(160, Console().width)), soft_wrap=False)
     rows = list(view.tasks.values())
-    table = Table(title=escape(f"run {view.run_id} ({view.pipeline}): {view.state}"),
-                  title_justify="left")
+    title = escape(f"run {view.run_id} ({view.pipeline}): {view.state}")
+    table = Table(title=title, title_justify="left")
     if view.groups is not None:     # summed by the store: one line per task name
         for col in ("task", "tasks", "states", "cached", "busy time", "first error"):
             table.add_column(col, overflow="fold")
@@ -228,8 +245,10 @@ def summary(view: RunView, *, all_rows: bool = False, every_row: bool = False) -
                         and r.state != TaskState.SUCCEEDED), "")
             _group_row(table, TaskGroup(name, len(group), states,
                                         sum(1 for r in group if r.cached_from), busy, err))
-    console.print(table)
-    console.print(f"tasks: {counts_text(view.counts())}")
+    # no task yet (a submitted run, or one cancelled before a driver took it): no empty
+    # table under a title wrapped to its width
+    console.print(table if rows or view.groups else title, soft_wrap=not (rows or view.groups))
+    console.print(f"tasks: {counts_text(view.counts()) or 'none'}")
     if view.groups is not None:
         first, failed = view.first_failure, view.counts().get(TaskState.FAILED.value, 0)
     else:
@@ -237,8 +256,9 @@ def summary(view: RunView, *, all_rows: bool = False, every_row: bool = False) -
         first, failed = (causes[0] if causes else None), len(causes)
     if first is not None:
         more = f" (and {failed - 1} more)" if failed > 1 else ""
+        # one line however long (a pipe or a log is read and grepped by line)
         console.print(f"root cause: {escape(first.key)}: {escape(first.error or 'failed')}"
-                      f"{more}", markup=True)
+                      f"{more}", markup=True, soft_wrap=True)
     if view.state == "waiting":
         console.print(f"waiting for approvals: pipeline approvals {view.run_id}")
     elif view.state == "submitted":
