@@ -319,11 +319,19 @@ def agent_task(fn: Callable[..., object] | None = None, /, *, model: str | ChatM
             "temperature": temperature, "tool_choice": tool_choice, "cite": cite,
             "corrections": corrections, "output": schema})[7:23]
 
+        code = getattr(f, "__code__", None)
+        where = f"{f.__qualname__}() at {code.co_filename}:{code.co_firstlineno}" \
+            if code is not None else f"{f!r}"
+
         @functools.wraps(f)
         def body(*args: Any, **kwargs: Any) -> Any:
             bound = sig.bind(*args, **kwargs)
             bound.apply_defaults()
-            return run_agent(cfg, dict(bound.arguments), f(*args, **kwargs))
+            prompt = f(*args, **kwargs)
+            try:
+                return run_agent(cfg, dict(bound.arguments), prompt)
+            except NotAPrompt as exc:   # the function is not on the traceback: name it
+                raise NotAPrompt(f"{where}: {exc}", hint=exc.hint) from None
 
         made: Task[..., Any] = task(retries=retries, retry_delay=retry_delay, version=version,
                                     name=name or f.__name__, cache=cache,
