@@ -4,7 +4,7 @@ A garbage ledger gets the fix ``pipeline doctor`` gives from every command; a re
 ledger is refused before a run line; the progress bar draws each frame from one reading
 of the counts; ``cancel`` says what it did and refuses a run no process drives; a run's
 root cause is one line in a pipe; an agent task's function that returns no prompt is
-named in its error (one attempt).
+named in its error (one attempt); an import that fails on a ledgerflow error keeps its fix.
 """
 
 from __future__ import annotations
@@ -318,3 +318,18 @@ def test_an_agent_function_returning_no_prompt_is_named_and_not_retried(
     error = doc["root_cause"]["error"]
     assert error.startswith(f"NotAPrompt: ask() at {path}:5: ")
     assert "must return the prompt" in error and "returned: None" in error
+
+
+# -- an import that fails on ledgerflow's own error keeps that error's fix ----------------
+
+def test_an_import_failing_on_a_ledgerflow_error_shows_its_own_fix(tmp_path: Path) -> None:
+    pytest.importorskip("ledgerflow_agents")
+    path = tmp_path / "agentflow.py"
+    path.write_text(AGENT.replace('model=MockModel(turns=[{"text": "x"}])', 'model="mock"'))
+    res = _cli("run", str(path), "--store", str(tmp_path / "l.duckdb"))
+    assert res.returncode == 2 and res.stdout == ""
+    error, hint = _said(res)
+    assert error == (f"importing {path} failed at line 5: ConfigError: the mock model needs "
+                     "a script")
+    assert hint.startswith("pass MockModel(turns=[...]) as model=, or set "), hint
+    assert not (tmp_path / "l.duckdb").exists()

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from ..errors import InputError, PipelineError
 
 #: The modules imported by path, by resolved file (a spec of 20,000 steps naming one
 #: file finds it here, not by a scan of ``sys.modules`` per step).
@@ -59,8 +59,10 @@ def load_module(path: str | Path) -> Any:
     except Exception as exc:
         del sys.modules[name]
         where = _user_line(exc, str(p))
+        # ledgerflow's own error (a task or model declared wrong) knows the fix itself
+        own = exc.hint if isinstance(exc, PipelineError) else ""
         raise InputError(f"importing {path} failed{where}: {type(exc).__name__}: {exc}",
-                         hint="fix the error raised while the module is imported "
+                         hint=own or "fix the error raised while the module is imported "
                          "(run with --debug for the traceback)") from exc
     _BY_FILE[str(p)] = module
     return module
