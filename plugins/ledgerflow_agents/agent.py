@@ -137,10 +137,16 @@ def run_agent(cfg: AgentConfig, bound: Mapping[str, Any], prompt: object) -> Any
         except DeterministicFailure as exc:
             if not _correct(session, cfg, "malformed_response", str(exc)):
                 raise
-            messages.append({"role": "user", "content": f"error: your last answer could not "
-                             f"be used ({exc}); answer again"})
+            # the cause stays in the notice: a small model copies text it is shown
+            messages.append({"role": "user", "content": "error: your last answer could not "
+                             "be used (it was cut off or is not what was asked for); answer "
+                             "again, shorter"})
             continue
         if not response.tool_calls:
+            if response.finish_reason == "length":
+                session.ctx.notice("answer_cut", f"{cfg.model.provider}/{cfg.model.model}'s "
+                                   f"answer reached its length limit (max_output_tokens="
+                                   f"{cfg.max_output_tokens}) and was cut: {response.text!r:.200}")
             try:
                 return parse_output(response.text, cfg.output)
             except OutputMismatch as exc:

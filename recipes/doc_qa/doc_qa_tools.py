@@ -24,6 +24,11 @@ from ledgerflow_docindex.search import search
 
 #: Longest document text handed to the model (a small model has a small context).
 READ_LIMIT = 2000
+#: The longest file name and answer save_answer takes: a call to it fits the answer's
+#: 160 output tokens (the local model's grammar holds it to these, so it cannot ramble
+#: past the budget and leave its JSON cut).
+SAVE_PATH_CHARS = 60
+SAVE_TEXT_CHARS = 300
 
 
 @tool(reads=[Arg("index")], writes=[Arg("index", suffix=".lock")], examples=[
@@ -56,7 +61,9 @@ def read_document(path: Path, *, corpus: str) -> str:
 @tool(writes=[Arg("answers")], examples=[
     {"user": "Save the answer 'It is MIT licensed [licenses/mit.txt#0].' to mit.md",
      "arguments": {"path": "mit.md", "text": "It is MIT licensed [licenses/mit.txt#0]."}}])
-def save_answer(path: Path, text: str, *, answers: str) -> str:
+def save_answer(path: Annotated[Path, msgspec.Meta(max_length=SAVE_PATH_CHARS)],
+                text: Annotated[str, msgspec.Meta(max_length=SAVE_TEXT_CHARS)], *,
+                answers: str) -> str:
     """Save the answer to a file in the answers folder.
 
     Args:

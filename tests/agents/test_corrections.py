@@ -78,6 +78,28 @@ def test_a_deterministic_models_malformed_answer_is_sent_back_not_repeated(
     assert "malformed_response" in _kinds(run) and "deterministic_failure" in _kinds(run)
 
 
+def test_the_correction_does_not_show_the_model_its_own_cut_answer(tmp_path: Path) -> None:
+    """Issue 33 #7: SmolLM2 copied the quoted error (its own cut answer) into its next one."""
+    mock = MockModel(turns=[{"fault": "malformed", "raw": '{"answer": "a copy of a copy of'},
+                            {"text": "5"}], deterministic=True)
+
+    run = _ask(tmp_path, mock)
+    assert run.result() == "5"
+    told = mock.requests[1]["request"]["messages"][-1]["content"]
+    assert "could not be used" in told and "a copy of" not in told and "call 1" not in told
+    assert "deterministic_failure" in _kinds(run)
+
+
+def test_an_answer_cut_at_its_limit_is_kept_and_said(tmp_path: Path) -> None:
+    mock = MockModel(turns=[{"text": "It is five, because two and thr…", "finish_reason": "length"}])
+
+    run = _ask(tmp_path, mock)
+    assert run.result() == "It is five, because two and thr…"
+    (note,) = [n for n in run.notices() if n["kind"] == "answer_cut"]
+    assert "length limit (max_output_tokens=256)" in note["message"]
+    assert "answer_cut" not in _kinds(_ask(tmp_path / "2", MockModel(turns=[{"text": "5"}])))
+
+
 def test_a_deterministic_failure_fails_once_when_no_correction_is_left(tmp_path: Path) -> None:
     mock = MockModel(turns=[{"fault": "malformed"}] * 6, deterministic=True)
 

@@ -118,6 +118,19 @@ def test_too_few_output_tokens_is_a_malformed_answer_that_was_billed(local: Loca
     assert info.value.usage is not None and info.value.usage.output_tokens == 4
 
 
+def test_a_long_answer_is_closed_in_time_and_marked_cut(local: LocalModel) -> None:
+    """Issue 33 #7: the model rambled until max_output_tokens cut its JSON (MalformedResponse,
+    doc_qa failed); the grammar now closes the answer at its limit and says it was cut."""
+    from ledgerflow_agents.toolprompt import answer_limit
+
+    req = ask("Tell me the whole history of the Roman Empire, emperor by emperor, in detail.",
+              tool_choice="none", max_output_tokens=40)
+    resp = local.complete(req)
+    assert resp.tool_calls == () and resp.finish_reason == "length", resp.raw
+    assert resp.text.endswith("…") and len(resp.text) <= answer_limit(req) + 1
+    assert resp.usage.output_tokens <= 40
+
+
 def test_a_deadline_stops_generation(local: LocalModel) -> None:
     with pytest.raises(ModelTimeout) as info:
         local.complete(ask("search the index for patents"), timeout=0.001)

@@ -116,3 +116,25 @@ def test_cite_from_makes_the_answer_name_one_of_the_given_ids() -> None:
         tools=TOOLS, cite_from=["guide#4"]))
     assert {"role": "assistant",
             "content": '{"answer": "Yes", "cite": "guide#4"}'} in chat
+
+
+def test_the_answer_is_bounded_so_its_json_fits_the_output_tokens() -> None:
+    """Issue 33 #7: SmolLM2 looped ("a copy of a copy of ...") until its 160 output tokens cut
+    the answer's JSON (MalformedResponse); the grammar now makes it close the answer in time."""
+    from ledgerflow_agents.toolprompt import answer_limit
+
+    req = ModelRequest([user("x")], tools=TOOLS, max_output_tokens=160,
+                       cite_from=["licenses/apache-2.0.txt#7"])
+    limit = answer_limit(req)
+    assert 200 <= limit <= 3 * (160 - 12 - len("licenses/apache-2.0.txt#7"))
+    schema = output_schema(req)
+    assert schema is not None
+    fits = '{"answer": "' + "a" * limit + '", "cite": "licenses/apache-2.0.txt#7"}'
+    assert accepts(schema, fits)
+    assert not accepts(schema, fits.replace('"a', '"aa', 1))       # one character more
+    # an answer the limit closed says so (…), one the model closed does not
+    assert parse_output(fits, req) == ("a" * limit + "… [licenses/apache-2.0.txt#7]", [])
+    assert parse_output('{"answer": "Yes.", "cite": "licenses/apache-2.0.txt#7"}', req) == (
+        "Yes. [licenses/apache-2.0.txt#7]", [])
+    # fewer output tokens, a shorter answer
+    assert answer_limit(ModelRequest([user("x")], tools=TOOLS, max_output_tokens=48)) < limit
