@@ -136,12 +136,13 @@ def _read_only(folder: Path, argv: list[str]) -> list[str]:
     permissions do not stop), the folder's write bits dropped for anyone else."""
     if os.geteuid() != 0:
         return argv
-    if shutil.which("unshare") is None or subprocess.run(
-            ["unshare", "-m", "true"], capture_output=True).returncode != 0:
-        pytest.skip("root without unshare -m: no way to make a folder read-only")
     script = (f"mount --bind {folder} {folder} && mount -o remount,bind,ro {folder} && "
               'exec "$@"')
-    return ["unshare", "-m", "sh", "-c", script, "sh", *argv]
+    wrap = ["unshare", "-m", "sh", "-c", script, "sh"]
+    if shutil.which("unshare") is None or subprocess.run(
+            [*wrap, "true"], capture_output=True).returncode != 0:
+        pytest.skip("root that cannot bind-mount read-only: no way to make a folder so")
+    return [*wrap, *argv]
 
 
 def test_a_read_only_ledger_is_refused_before_the_run_line(flow: Path, tmp_path: Path) -> None:
