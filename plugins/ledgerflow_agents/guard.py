@@ -30,10 +30,15 @@ open on a caller's behalf (``pathlib``, ``io``, ``shutil``, ``tempfile``...):
   harmless facts about the machine (``/proc/stat``, ``/proc/cpuinfo``, its own
   ``/proc/self/status``, cgroup limits, the time zone, ``/dev/null``). A path
   the model chose cannot reach a ``.py``, ``.pth`` or ``*.dist-info`` file
-  outside the roots;
+  outside the roots, neither directly nor through a module that reads what its
+  caller names (``linecache``, ``tokenize`` pass the question on; ``configparser``
+  or a data library asks for itself and is no code reader);
 * **the runtime** (the import system, the standard library, installed
   packages, other modules) may also read code and package metadata inside the
-  import roots (``sys.path`` entries) and the interpreter's prefixes, the
+  import roots (``sys.path`` entries) and the interpreter's prefixes, when it
+  is the import system or a module that reads code for it (``importlib``,
+  ``inspect``, ``traceback``, ``warnings``...), a module being imported, or a
+  library reading its own package's files; any of them may read the
   process's identity files (``/proc/sys/kernel/random/boot_id``, its own
   ``/proc/PID/mounts``...), and the model caches (``HF_HOME``,
   ``TORCH_HOME``, ``SENTENCE_TRANSFORMERS_HOME``, ``~/.cache/huggingface``,
@@ -169,7 +174,14 @@ _METADATA = re.compile(r"/[^/]+\.(dist-info|egg-info)(/|$)")
 _PASS_THROUGH = frozenset({"pathlib", "pathlib._local", "pathlib._abc", "io", "_pyio",
                            "codecs", "os", "shutil", "tempfile", "glob", "fileinput",
                            "genericpath", "posixpath", "gzip", "bz2", "lzma", "zipfile",
-                           "tarfile", "contextlib", "functools"})
+                           "tarfile", "contextlib", "functools", "linecache", "tokenize"})
+#: modules that read code and package metadata for the import system and tracebacks:
+#: only they may read ``.py``/``.pth``/``*.dist-info`` files outside the tool's roots (a
+#: path the model chose, passed to ``configparser`` or a data library, may not)
+_CODE_READERS = ("importlib", "pkgutil", "zipimport", "site", "sysconfig", "inspect",
+                 "traceback", "warnings", "pkg_resources", "importlib_metadata",
+                 "importlib_resources", "setuptools", "_distutils_hack", "pluggy", "pydoc",
+                 "doctest")
 _HERE = os.path.realpath(__file__)
 
 
@@ -191,7 +203,7 @@ def _model_caches() -> tuple[str, ...]:
     return tuple(sorted({os.path.realpath(f) for f in found if f}))
 
 
-_roots_cache: tuple[tuple[int, int], tuple[str, ...]] = ((-1, -1), ())
+_roots_cache: tuple[tuple[object, int], tuple[str, ...]] = (((), -1), ())
 
 
 def _import_roots() -> tuple[str, ...]:
@@ -199,7 +211,7 @@ def _import_roots() -> tuple[str, ...]:
     the folders of imported top-level packages and modules (editable installs map
     packages with an import hook, not a ``sys.path`` entry)."""
     global _roots_cache
-    key = (len(sys.path), len(sys.modules))
+    key = (tuple(sys.path), len(sys.modules))   # a changed entry, not only a count
     if _roots_cache[0] == key:
         return _roots_cache[1]
     found = {os.path.realpath(p) for p in sys.path
@@ -222,15 +234,50 @@ def _is_machine_fact(path: str) -> bool:
     return within(_self_path(path), _SYSTEM)
 
 
-def _is_runtime(path: str) -> bool:
-    """A file the runtime itself reads: code, metadata, identity files, model caches."""
+def _reads_code(asker: str) -> bool:
+    """True for the import system and the modules that read code for it (tracebacks)."""
+    return asker == "<frozen>" or any(asker == m or asker.startswith(m + ".")
+                                      for m in _CODE_READERS)
+
+
+def _importing(g: Guard) -> bool:
+    """True while the tool is importing a module (the import system is on the stack
+    above the tool's own frames): that module and its libraries read their files then."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code.co_filename
+        if code.startswith("<frozen importlib"):
+            return True
+        if g.code and os.path.realpath(code) in g.code:
+            return False            # the tool's own frame: whatever it asked, not an import
+        frame = frame.f_back
+    return False
+
+
+def _own_package(path: str, asker: str) -> bool:
+    """True when ``path`` is in the folder of the asking module's top-level package (a
+    library reading its own source, as ``transformers`` does to list its models)."""
+    top = sys.modules.get(asker.partition(".")[0])
+    where = [*(getattr(top, "__path__", None) or ())] if top is not None else []
+    return within(path, tuple(os.path.realpath(w) for w in where if isinstance(w, str)))
+
+
+def _is_runtime(path: str, asker: str | None = "<frozen>", g: Guard | None = None) -> bool:
+    """A file the runtime itself reads: code, metadata, identity files, model caches.
+
+    Code and package metadata only for the import system and :data:`_CODE_READERS`,
+    during an import, or from the asking library's own package folder.
+    """
     path = _self_path(path)
-    if within(path, _IDENTITY) or within(path, _PREFIXES):
+    if within(path, _IDENTITY):
         return True
-    if (path.endswith(_CODE) or _METADATA.search(path)) and within(path, _import_roots()):
-        return True
-    return within(path, _model_caches()) and os.path.basename(path) not in (
-        "token", "stored_tokens")
+    if within(path, _model_caches()):
+        return os.path.basename(path) not in ("token", "stored_tokens")
+    if path.endswith(_CODE) or _METADATA.search(path):
+        return asker is not None and (within(path, _PREFIXES) or within(
+            path, _import_roots())) and (_reads_code(asker) or _own_package(path, asker)
+                                         or (g is not None and _importing(g)))
+    return within(path, _PREFIXES)
 
 
 def _is_code_dir(path: str) -> bool:
@@ -240,22 +287,28 @@ def _is_code_dir(path: str) -> bool:
     return any(path == os.path.realpath(p or ".") for p in sys.path if isinstance(p, str))
 
 
-def _runtime_asks(g: Guard) -> bool:
-    """True when the nearest asking frame is not the tool's own code (see the module doc)."""
+def _asker(g: Guard) -> str | None:
+    """The module of the nearest asking frame (``"<frozen>"``: the import system), or
+    None when it is the tool's own code (see the module doc)."""
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         code = frame.f_code.co_filename
-        if code == __file__ or os.path.realpath(code) == _HERE or \
-                frame.f_globals.get("__name__") in _PASS_THROUGH:
+        name = frame.f_globals.get("__name__")
+        if code == __file__ or os.path.realpath(code) == _HERE or name in _PASS_THROUGH:
             frame = frame.f_back
             continue
         if code.startswith("<frozen"):
-            return True                     # the import system
+            return "<frozen>"
         real = os.path.realpath(code)
-        if g.code:
-            return real not in g.code
-        return within(real, _PREFIXES)
-    return False
+        if real in g.code if g.code else not within(real, _PREFIXES):
+            return None
+        return name if isinstance(name, str) else "?"
+    return None
+
+
+def _runtime_asks(g: Guard) -> bool:
+    """True when the nearest asking frame is not the tool's own code."""
+    return _asker(g) is not None
 
 
 def _hook(event: str, args: tuple[Any, ...]) -> None:
@@ -336,7 +389,8 @@ def _path(g: Guard, path: str, writes: bool, event: str, *, fresh: bool = False)
     if within(path, g.reads + g.writes) or _is_machine_fact(path) or \
             not os.path.exists(path):
         return                  # (a missing file reads nothing: libraries probe paths)
-    if _is_runtime(path) and _runtime_asks(g):
+    asker = _asker(g)
+    if asker is not None and _is_runtime(path, asker, g):
         return                  # the import system or a library, not the tool's own code
     g.refuse("path_not_allowed", f"tool {g.tool!r} may not read {path} ({event}); "
              f"its roots: {', '.join(g.reads + g.writes) or 'none'}")
