@@ -8,7 +8,7 @@ running it; arguments are checked and paths resolved inside the tool's roots
 tool waits for a person, who may edit its arguments (the tool then runs with
 those, checked again, and the model reads that call's result); the call is reserved in the task's and run's tool
 budgets; the tool runs under :mod:`ledgerflow_agents.guard`; its result (or
-its exception text, known key values redacted) is what the model reads next,
+its exception text, a SystemExit too, known key values redacted) is what the model reads next,
 and a ``tool_calls`` row and a step record keep it.
 """
 
@@ -116,10 +116,15 @@ def call_tool(self: Session, tools: Mapping[str, Tool], call: Mapping[str, Any],
                 value = t.fn(**prepared.kwargs)
             except GovernanceError:
                 pass                    # the guard refused: it is in guard.violations
-            except Exception as exc:    # the model reads the error and may try again
+            except (Exception, SystemExit) as exc:   # the model reads it and may try again
+                # (SystemExit: a tool wrapping argparse refused a flag the model chose)
                 # never a key it quotes: the text is stored and sent to the model
                 outcome, error = "error", redact(f"{type(exc).__name__}: {exc}",
                                                  [gov.key])
+            except BaseException as exc:   # ends the attempt: its text is stored, redacted
+                exc.args = tuple(redact(a, [gov.key]) if isinstance(a, str) else a
+                                 for a in exc.args)
+                raise
     finally:
         over = ledger.settle(rid, scopes, Amount(tool_calls=1)) if scopes else []
     if guard.violations:
