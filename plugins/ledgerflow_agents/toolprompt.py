@@ -95,7 +95,7 @@ _ANSWER_TEXT = re.compile(r'\s*\{\s*"answer"\s*:\s*"((?:[^"\\]|\\.)*)"')
 def answer_was_cut(text: str, request: ModelRequest) -> bool:
     """Whether the answer in ``text`` (the model's JSON) reached :func:`answer_limit`."""
     m = _ANSWER_TEXT.match(text)
-    return bool(m) and len(m.group(1)) >= answer_limit(request)
+    return m is not None and len(m.group(1)) >= answer_limit(request)
 
 
 def output_schema(request: ModelRequest) -> dict[str, Any] | None:
