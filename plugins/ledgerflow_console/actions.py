@@ -1,5 +1,9 @@
 """What the console changes: cancel, resume, approve, reject, through the CLI's functions.
 
+An approval of a tool call may carry ``arguments`` (the edit, checked by
+``ledgerflow.approve`` as ``pipeline approve --arguments`` is); every decision's
+reply says what happens next (a live driver takes it, or it waits for a resume).
+
 Only reached with ``--allow-actions`` and the per-process token, or for a
 decision an approver's own token (the checks live in :mod:`.access`). A resume is a new ``pipeline resume`` process, started
 without a shell in a session of its own so it outlives the console. The store
@@ -16,6 +20,7 @@ local user could create first.
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import secrets
 import subprocess
@@ -140,7 +145,7 @@ def _call(fn: Callable[..., Any], *args: object, **kwargs: object) -> Any:
 #: The longest reason a decision may carry (it is stored with the decision).
 MAX_REASON = 2000
 #: The fields a decision may have: anything else is a mistake of the caller.
-_FIELDS = frozenset({"task_key", "digest", "reason", "as"})
+_FIELDS = frozenset({"task_key", "digest", "reason", "as", "arguments"})
 
 
 def _text(body: Mapping[str, Any], name: str, verb: str, limit: int) -> str | None:
@@ -202,14 +207,41 @@ def _decide(ledger: Ledger, run_id: str, body: Mapping[str, Any], verb: str,
         if key in params:
             names[key] = name
             break
+    edit = _edit(body, verb, params)
     result = _call(fn, run_id, task_key, digest=digest, reason=reason, store=ledger.store,
-                   **names)
+                   **names, **edit)
     done = "approved" if verb == "approve" else "rejected"
-    doc: dict[str, Any] = {"message": f"{task_key} of run {run_id} {done} by {name}",
+    if edit:
+        done += " with edited arguments " + json.dumps(edit["arguments"], sort_keys=True,
+                                                       default=str)[:200]
+    message = f"{task_key} of run {run_id} {done} by {name}"
+    if isinstance(result, Mapping) and result.get("next"):
+        message += f"; {result['next']}"        # what happens now: a driver, or a resume
+    doc: dict[str, Any] = {"message": message,
                            "run_id": run_id, "task_key": task_key, "decided_by": str(name)}
     if isinstance(result, Mapping):
         doc["decision"] = dict(result)
     return doc
+
+
+def _edit(body: Mapping[str, Any], verb: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"arguments": ...}`` of an approval that edits a tool call's arguments (checked by
+    ledgerflow's approve as ``pipeline approve --arguments`` is: 400 when they do not fit),
+    else nothing.
+
+    Raises:
+        InputError: arguments sent with a rejection.
+        ActionUnsupported: this ledgerflow's approve takes no arguments.
+    """
+    if "arguments" not in body or body["arguments"] is None:
+        return {}
+    if verb != "approve":
+        raise InputError("reject takes no arguments: only an approval may edit a tool call",
+                         hint="approve with the edited arguments, or reject without them")
+    if "arguments" not in params:
+        raise ActionUnsupported("this ledgerflow cannot approve with edited arguments yet",
+                                hint="approve as asked, or upgrade ledgerflow")
+    return {"arguments": body["arguments"]}
 
 
 def _decider(who: Verified | None, claimed: str | None) -> Verified:

@@ -144,7 +144,7 @@ class Ledger:
             from ledgerflow.approval import previous_of, request_doc
         except ImportError:
             return rows
-        keep = ("arguments", "inputs", "changed", "previous")
+        keep = ("arguments", "inputs", "changed", "previous", "editable")
         return [{**r, **{k: v for k, v in request_doc(r, previous_of(rows, r)).items()
                          if k in keep}} for r in rows]
 

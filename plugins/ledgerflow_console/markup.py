@@ -135,6 +135,8 @@ svg .attempt{cursor:pointer}
 svg .attempt:hover{stroke:#111;stroke-width:1}
 svg .running{animation:pulse 1.2s ease-in-out infinite}
 @keyframes pulse{50%{opacity:.45}}
+body.approver-only .needs-token{display:none}
+label.edit textarea{display:block;width:100%;max-width:60em;margin-top:4px}
 .legend span{margin-right:12px;white-space:nowrap}
 .legend i{display:inline-block;width:12px;height:10px;margin-right:4px;vertical-align:middle}
 """
@@ -149,6 +151,9 @@ if (hash){
   history.replaceState(null, '', location.pathname + location.search);
 }
 function approver(){ try { return sessionStorage.getItem(KEY) || ''; } catch(_) { return ''; } }
+// an approver's token alone decides approvals only: cancel, resume and start are hidden
+function mode(){ document.body.classList.toggle('approver-only', !TOKEN && !!approver()); }
+mode();
 function heads(){
   const h = {'Content-Type':'application/json','X-Ledgerflow-Token':TOKEN}, a = approver();
   if (a) h['Authorization'] = 'Bearer ' + a;
@@ -185,6 +190,12 @@ async function act(b){
       .forEach(s => { const i = s.indexOf('=');
         body.params[i < 0 ? s : s.slice(0, i)] = i < 0 ? '' : s.slice(i + 1); });
   }
+  if (b.dataset.edit){      // a tool call's arguments: sent only when edited; checked there
+    const t = document.querySelector(b.dataset.edit);
+    if (t && t.value.trim() !== t.defaultValue.trim()){
+      try { body.arguments = JSON.parse(t.value); } catch(_) { body.arguments = t.value; }
+    }
+  }
   if (b.dataset.ask){ const r = prompt(b.dataset.ask, ''); if (r === null) return; body.reason = r; }
   const r = await fetch(b.dataset.action, {method:'POST', body: JSON.stringify(body),
     headers: heads()});
@@ -197,7 +208,7 @@ async function act(b){
 document.addEventListener('click', async ev => {
   if (ev.target.closest('[data-forget]')){
     ev.preventDefault(); try { sessionStorage.removeItem(KEY); } catch(_) {}
-    document.getElementById('approver').hidden = true; return;
+    document.getElementById('approver').hidden = true; mode(); return;
   }
   const a = ev.target.closest('[data-action]');
   if (a){ ev.preventDefault(); await act(a); return; }
@@ -219,8 +230,14 @@ async function refresh(){
   try {
     const r = await fetch(live.dataset.src, {headers:{'Accept':'text/html'}});
     if (r.ok){
-      const before = live.dataset.version;
+      const before = live.dataset.version, kept = {}, focus = document.activeElement;
+      live.querySelectorAll('textarea[data-keep]').forEach(t => {   // what is being typed
+        if (t.value !== t.defaultValue || t === focus) kept[t.id] = [t.value, t === focus,
+          t.selectionStart, t.selectionEnd]; });
       live.outerHTML = await r.text();
+      Object.entries(kept).forEach(([id, [v, f, a, z]]) => {
+        const t = document.getElementById(id); if (!t) return;
+        t.value = v; if (f){ t.focus(); t.setSelectionRange(a, z); } });
       const after = document.getElementById('live');
       if (after && after.dataset.version !== before)   // the graph and panels follow the run
         document.querySelectorAll('[data-autoload]').forEach(el => load(el, el.dataset.autoload));

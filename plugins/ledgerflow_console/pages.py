@@ -110,7 +110,7 @@ def start_form(ctx: Ctx, model: Mapping[str, Any]) -> str:
     if not ctx.actions or not targets:
         return ""
     opts = "".join(f'<option value="{e(t)}">{e(t)}</option>' for t in targets)
-    return ('<details id="start" class="box"><summary>Start a run</summary>'
+    return ('<details id="start" class="box needs-token"><summary>Start a run</summary>'
             f'<label>pipeline <select name="target">{opts}</select></label> '
             '<label>parameters, one <span class="mono">name=value</span> a line (as '
             '<span class="mono">-p</span>)<br><textarea name="params" rows="3" cols="50">'
@@ -169,10 +169,11 @@ def runs_table(ctx: Ctx, model: Mapping[str, Any], live_src: str) -> str:
 def _run_buttons(run_id: str, state: str, driver_alive: bool | None) -> str:
     out = []
     if state in ("running", "cancelling", "waiting"):
-        out.append(f'<button class="danger" data-action="{e(api_path(run_id, "/cancel"))}" '
+        out.append(f'<button class="danger needs-token" '
+                   f'data-action="{e(api_path(run_id, "/cancel"))}" '
                    f'data-confirm="Cancel run {e(run_id)}?">cancel</button>')
     if state != "succeeded" and not driver_alive:
-        out.append(f'<button data-action="{e(api_path(run_id, "/resume"))}" '
+        out.append(f'<button class="needs-token" data-action="{e(api_path(run_id, "/resume"))}" '
                    f'data-confirm="Resume run {e(run_id)} in a new process?">resume</button>')
     return " ".join(out)
 

@@ -143,10 +143,14 @@ def approvals_html(ctx: Ctx, rid: str, approvals: Sequence[Mapping[str, Any]]) -
     for a in approvals:
         digest = str(a.get("digest") or "")
         buttons = ""
+        editing = ""
         if ctx.actions and a in pending:
             task = str(a.get("task_key") or "")
+            edit = ""
+            if a.get("editable"):
+                editing, edit = _edit_html(a, digest), f' data-edit="#edit-{e(digest[:16])}"'
             buttons = (f'<button data-action="{e(api_path(rid, "/approve"))}" '
-                       f'data-task="{e(task)}" data-digest="{e(digest)}" '
+                       f'data-task="{e(task)}" data-digest="{e(digest)}"{edit} '
                        f'data-confirm="Approve {e(task)} (digest {e(digest[:12])})?">approve'
                        f"</button> "
                        f'<button class="danger" data-action="{e(api_path(rid, "/reject"))}" '
@@ -159,18 +163,31 @@ def approvals_html(ctx: Ctx, rid: str, approvals: Sequence[Mapping[str, Any]]) -
                     f'<td class="mono">{e(_when(a.get("requested_at")))}</td>'
                     f'<td class="mono">{e(_when(a.get("deadline")))}</td>'
                     f'<td>{e(a.get("state"))}</td><td>{e(a.get("decided_by"))}</td>'
-                    f"<td>{buttons}</td></tr>" + _request_html(a))
+                    f"<td>{buttons}</td></tr>" + _request_html(a, editing))
     return (f'<h2>Approvals ({len(pending)} pending)</h2><table id="approvals"><thead><tr>'
             "<th>task</th><th>action</th><th>summary</th><th>digest</th><th>requested</th>"
             "<th>deadline</th><th>state</th><th>decided by</th><th></th></tr></thead>"
             f'<tbody>{"".join(rows)}</tbody></table>')
 
 
-def _request_html(a: Mapping[str, Any]) -> str:
-    """What the approver decides on: argument values, note, approvers, what changed."""
+def _edit_html(a: Mapping[str, Any], digest: str) -> str:
+    """The approve form's JSON field of a tool call (a row that says ``editable``): the
+    call's arguments, to approve as they are or edited (the server checks an edit against
+    the tool's schema, as ``pipeline approve --arguments`` does)."""
+    shown = (a.get("arguments") or {}).get("arguments")
+    text = shown if isinstance(shown, str) else json.dumps(shown or {}, default=str)
+    return (f'<label class="edit"><b>arguments the tool runs with</b> (JSON; edit them, '
+            f'then approve: an edit is checked against the tool\'s schema)<br>'
+            f'<textarea id="edit-{e(digest[:16])}" class="mono" rows="3" cols="80" '
+            f'data-keep="1" spellcheck="false">{e(text)}</textarea></label>')
+
+
+def _request_html(a: Mapping[str, Any], editing: str = "") -> str:
+    """What the approver decides on: argument values, note, approvers, what changed (and
+    ``editing``: the approve form's arguments field of a tool call)."""
     args = a.get("arguments") or {}
     changed = a.get("changed")
-    if not (args or a.get("note") or a.get("approvers") or changed):
+    if not (args or a.get("note") or a.get("approvers") or changed or editing):
         return ""
     parts = []
     if a.get("note"):
@@ -190,6 +207,8 @@ def _request_html(a: Mapping[str, Any]) -> str:
             f"{e(c.get('after'))}" for c in changed if isinstance(c, Mapping)) + "</div>")
     elif changed is not None:
         parts.append('<div class="muted">nothing changed since the last request</div>')
+    if editing:
+        parts.append(editing)
     return (f'<tr class="request" data-request-for="{e(a.get("task_key"))}"><td colspan="9">'
             + "".join(parts) + "</td></tr>")
 

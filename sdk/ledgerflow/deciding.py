@@ -20,7 +20,8 @@ from .identity import decider
 from .states import PENDING_APPROVAL, ApprovalState
 from .store import RunStore
 
-__all__ = ["MIN_PREFIX", "apply_deadlines", "approve", "overlay", "pending", "reject"]
+__all__ = ["MIN_PREFIX", "apply_deadlines", "approve", "next_step", "overlay", "pending",
+           "reject"]
 
 _APPROVED = ApprovalState.APPROVED.value
 
@@ -106,4 +107,20 @@ def reject(st: RunStore, run_id: str, task_key: str, *, reason: str,
 
 def _decided(st: RunStore, run_id: str, dec: dict[str, Any]) -> dict[str, Any]:
     notify("ledgerflow_approval_decided", run_id=run_id, decision=masked(dict(dec)))
-    return dec
+    return {**dec, "next": next_step(st, run_id)}
+
+
+def next_step(st: RunStore, run_id: str) -> str:
+    """What happens to the run after a decision, as the decider should read it (``next``
+    of a decision: the CLI and the console say it): a live driver (one waiting with
+    ``--wait-approvals``) picks it up; otherwise the run stays as it is until resumed."""
+    view = st.get_run(run_id, tasks=False)
+    if view.driver_alive:
+        return "its driver picks the decision up within a second"
+    state = getattr(view.state, "value", view.state)
+    more = len(pending(st, run_id))
+    workers = " (a pipeline worker on this ledger claims it too)" \
+        if getattr(st, "name", "") == "postgres" else ""
+    return (f"resume it with: pipeline resume {run_id}{workers}; it stays {state} until then"
+            + (f"; {more} more request(s) of this run wait: pipeline approvals {run_id}"
+               if more else ""))

@@ -143,7 +143,7 @@ def test_an_approver_token_decides_as_its_approver_and_only_where_listed(
 
     status, doc = con.post(url, body, headers=bearer(tok["alice"]))
     assert status == 200, doc
-    assert doc["message"] == f"publish of run {rid} approved by alice"
+    assert doc["message"].startswith(f"publish of run {rid} approved by alice; resume it with")
     decided = _pending(con, rid)
     assert decided["state"] == "approved" and decided["decided_by"] == "alice"
     cli = pipeline_cli("status", rid, "--store", ledger)

@@ -130,18 +130,17 @@ def parse_arguments(text: str | None) -> dict[str, Any] | None:
 def _decided(doc: dict[str, Any], run_id: str, and_resume: bool, store: str | None) -> None:
     edit = "" if doc.get("arguments") is None else \
         f" with edited arguments {json.dumps(doc['arguments'], sort_keys=True)}"
-    out(f"{doc['task_key']}: {doc['decision']} by {doc['decided_by']}{edit} "
-        f"(digest {doc['digest'][:12]})")
+    line = (f"{doc['task_key']}: {doc['decision']} by {doc['decided_by']}{edit} "
+            f"(digest {doc['digest'][:12]})")
     handle = api.get_run(run_id, store=store, check=False)
     view = api.head(handle)
     if and_resume and view.state != RunState.SUCCEEDED and not view.driver_alive:
+        out(line + "; resuming it here")
         finish(drive(lambda cancel, progress: api.resume(
             run_id, store=handle.store, progress=progress, cancel_event=cancel),
             False, run_id, f"resuming {run_id}"), False)
-    elif view.driver_alive:
-        out("its driver picks the decision up within a second")
-    else:
-        out(f"continue it with: pipeline resume {run_id}")
+    else:       # what happens next: a live driver takes it, or it waits for a resume
+        out(f"{line}; {doc['next']}")
 
 
 #: The options approve and reject share.
