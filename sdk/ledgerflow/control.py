@@ -341,8 +341,14 @@ def reject(run_id: str, task_key: str, *, reason: str, digest: str | None = None
                            digest=digest, by=by)
 
 
-def cancel(run_id: str, *, store: StoreArg = None) -> None:
-    """Ask a run to cancel; its driver (in any process) picks it up within ~0.1 s."""
+def cancel(run_id: str, *, store: StoreArg = None) -> str:
+    """Cancel a run: its driver (in any process) picks the request up within ~0.1 s.
+
+    A run no process drives (submitted, waiting for approvals with no driver waiting,
+    or whose driver died) is ended here: taken over and cancelled as its driver would
+    (a lost attempt recorded lost, every unfinished task ``cancelled``). Returns what
+    was done: ``requested`` (a driver stops it) or ``cancelled`` (it ended here).
+    """
     st = open_ledger(store)
     st.recover()
     view = st.get_run(run_id, tasks=False)
@@ -354,5 +360,15 @@ def cancel(run_id: str, *, store: StoreArg = None) -> None:
                             hint=f"continue it with: pipeline resume {run_id}")
     if view.state == RunState.SUBMITTED:
         cancel_submitted(view, st)
-        return
+        return "cancelled"
+    if view.driver_alive is False:       # nobody would act on a request: end it here
+        stop = threading.Event()
+        stop.set()
+        try:
+            resume(run_id, store=st, cancel_event=stop)
+        except NotResumableError as exc:
+            raise RunEndedError(f"run {run_id} has no driver and cannot be taken over to "
+                                f"cancel it: {exc}", hint=exc.hint) from exc
+        return "cancelled"
     st.request_cancel(run_id)
+    return "requested"
