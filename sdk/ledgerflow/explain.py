@@ -199,8 +199,9 @@ class _Why:
             ex.source_run, ex.source_key = self.base.run_id, old.key  # type: ignore[union-attr]
             self._compare(ex, row, old)
         ex.detail = self._detail(ex, row, old)
-        if retried:
-            ex.detail += "; in this run: " + ", ".join(retried) + ", then ran again"
+        if retried:     # "then ran again" only if another attempt came after the last one
+            again = ", then ran again" if row.attempts > len(retried) else ""
+            ex.detail += "; in this run: " + ", ".join(retried) + again
         return self._done(ex)
 
     def _compare(self, ex: Explanation, row: TaskRow, old: TaskRow) -> None:

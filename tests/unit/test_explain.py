@@ -87,7 +87,7 @@ ATTEMPTS: dict[str, int] = {}
 @task(retries=1, retry_delay=0)
 def flaky(v: int) -> int:
     ATTEMPTS["flaky"] = ATTEMPTS.get("flaky", 0) + 1
-    if ATTEMPTS["flaky"] == 1:
+    if ATTEMPTS["flaky"] <= 1:
         raise RuntimeError("first try fails")
     return v
 
@@ -240,6 +240,16 @@ def test_a_retry_in_the_run_is_told(store: str) -> None:
     t = run.explain("flaky").tasks[0]
     assert t.reason == "new" and t.attempts == 2
     assert "in this run: attempt 1 error (RuntimeError), then ran again" in t.detail
+
+
+def test_a_task_whose_only_attempt_failed_did_not_run_again(store: str) -> None:
+    ATTEMPTS.clear()
+    ATTEMPTS["flaky"] = -10         # both attempts fail
+    run = retrying.run(store=store)
+    t = run.explain("flaky").tasks[0]
+    assert t.attempts == 2
+    assert t.detail.endswith("in this run: attempt 1 error (RuntimeError), attempt 2 error "
+                             "(RuntimeError)"), t.detail
 
 
 def test_the_notebook_display_groups_by_reason(store: str) -> None:
