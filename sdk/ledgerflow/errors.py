@@ -103,8 +103,14 @@ class TaskNotFoundError(InputError):
 
     def __init__(self, run_id: str, task_key: str, known: Iterable[str] = ()) -> None:
         import difflib
+        import re
 
-        close = difflib.get_close_matches(task_key, list(known), n=3, cutoff=0.6)
+        def order(k: str) -> tuple[float, list[int | str]]:  # best first; [2] before [10]
+            parts = [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", k)]
+            return -difflib.SequenceMatcher(None, task_key, k).ratio(), parts
+
+        close = sorted(difflib.get_close_matches(task_key, list(known), n=12, cutoff=0.6),
+                       key=order)[:3]
         hint = (f"did you mean {' or '.join(repr(k) for k in close)}?" if close
                 else f"list its tasks with: pipeline status {run_id}")
         super().__init__(f"run {run_id} has no task {task_key!r}", hint=hint)

@@ -32,3 +32,9 @@ def test_no_close_key_hints_the_listing(tmp_path) -> None:
     with pytest.raises(TaskNotFoundError) as info:
         run.result("publish")
     assert info.value.hint == f"list its tasks with: pipeline status {run.run_id}"
+
+
+def test_equally_close_keys_come_in_their_natural_order() -> None:
+    keys = [f"square[{i}]" for i in range(12)]
+    hint = TaskNotFoundError("r", "squar", keys).hint
+    assert hint == "did you mean 'square[0]' or 'square[1]' or 'square[2]'?"
