@@ -17,11 +17,38 @@ from tests.program.proctools import PY
     [PY, "-c", "print('{src}')"],
     ["perl", "-e", "print '{src}'"],
     ["env", "LC_ALL=C", "bash", "--norc", "-c", "ls {src}"],
+    # seen through since: a -- before the code, env -S, perl -E, node --eval, awk, sed
+    ["sh", "-c", "--", "cat {src}"],
+    ["env", "-S", "sh -c 'cat {src}'"],
+    ["perl", "-E", "say '{src}'"],
+    ["node", "--eval", "console.log('{src}')"],
+    ["node", "--eval=console.log('{src}')"],
+    ["awk", "-F,", "-v", "n=1", "BEGIN {{ print \"{src}\" }}"],
+    ["sed", "-n", "s/x/{src}/p", "file.txt"],
+    ["sed", "-e", "s/x/{src}/e", "file.txt"],
 ])
 def test_a_placeholder_in_the_code_of_an_interpreter_is_refused(argv: list[str]) -> None:
     with pytest.raises(DefinitionError, match="would let a value run as code") as info:
         program("inject", argv)
     assert "LEDGERFLOW_PARAM_X" in (info.value.hint or "")
+
+
+def test_the_value_passed_after_sh_c_double_dash_stays_data(tmp_path: Path) -> None:
+    """The form the refusal's hint points to works with a ``--`` too."""
+    marker = tmp_path / "pwned"
+    sh = program("sh", ["sh", "-c", "--", 'printf "%s\\n" "$1"', "sh", "{src}"])
+    assert sh(src=f"x; touch {marker}")["stdout"] == f"x; touch {marker}\n"
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["awk", "-f", "prog.awk", "{src}"],
+    ["sed", "-f", "prog.sed", "{src}"],
+    ["awk", "-v", "n={n}", "{{ print n }}", "{src}"],
+    ["env", "NAME={n}", "sh", "-e", "{src}"],
+])
+def test_a_placeholder_in_data_of_awk_sed_or_env_is_fine(argv: list[str]) -> None:
+    program("data", argv)
 
 
 def test_a_placeholder_in_a_script_path_or_an_option_value_is_fine(tmp_path: Path) -> None:

@@ -28,24 +28,24 @@ The package: ``limits`` (rlimits), ``errors``, ``params`` (placeholders),
 ``tree`` (process tree, on :mod:`ledgerflow.procs`), ``supervise`` (driver
 side), ``supervisor_main`` (the supervisor), ``sandbox`` (bwrap argv), ``report``
 (the status from inside the sandbox),
-``task`` (:class:`ProgramSpec`, :class:`ProgramTask`). Linux only.
+``code`` (argv elements read as code), ``task`` (:class:`ProgramSpec`,
+:class:`ProgramTask`). Linux only.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
 from ..errors import DefinitionError
 from ..keys import digest
 from ..task import TaskOptions
+from .code import check_code_placeholders
 from .errors import LimitExceeded, ProgramError, SandboxUnavailable, UnsafeArgument
 from .limits import Limits
-from .params import carrier_env, names
+from .params import carrier_env
 from .sandbox import VIEWS
 from .task import MINIMAL_ENV, ProgramResult, ProgramSpec, ProgramTask
 from .tree import alive, descendants, is_supervisor, supervisor_pids
@@ -66,31 +66,6 @@ __all__ = [
     "program",
     "supervisor_pids",
 ]
-
-#: Interpreters whose ``-c`` (shells, Python) or ``-e`` (Perl, Ruby, Node) argument is
-#: code: no placeholder may be filled into it.
-_INTERPRETERS = {"c": re.compile(r"(ba|da|z|k|a|fi|c|tc|mk)?sh|busybox|python[0-9.]*"),
-                 "e": re.compile(r"perl|ruby|node")}
-
-
-def _check_code_placeholders(name: str, argv: tuple[str, ...]) -> None:
-    """Refuse ``["sh", "-c", "cat {src}"]``: a value would become shell code.
-
-    The interpreter may come after a launcher (``env``, ``nice``, ``timeout 5``...).
-    """
-    found = ((i, code) for i, a in enumerate(argv) for code, kind in _INTERPRETERS.items()
-             if kind.fullmatch(os.path.basename(a)))
-    first, code = next(found, (-1, ""))
-    if first < 0:
-        return
-    for flag, script in itertools.pairwise(argv[first + 1:]):
-        if re.fullmatch(rf"-[A-Za-z]*{code}", flag) and names(script):
-            raise DefinitionError(
-                f"program {name!r}: placeholders {sorted(names(script))} in the code of "
-                f"{os.path.basename(argv[first])} {flag} would let a value run as code",
-                hint='read the value from "$LEDGERFLOW_PARAM_X", or pass it as an argument: '
-                     '["sh", "-c", \'cat "$1"\', "sh", "{src}"]')
-
 
 def program(name: str, argv: Sequence[str] | str, *, env: Mapping[str, str] | None = None,
             inherit_env: bool | None = None, cwd: str | os.PathLike[str] | None = None,
@@ -163,7 +138,7 @@ def program(name: str, argv: Sequence[str] | str, *, env: Mapping[str, str] | No
         if not argv_t or not all(isinstance(a, str) for a in argv_t):
             raise DefinitionError(f"program {name!r}: argv must be a non-empty list of strings",
                                   hint='e.g. argv=["pdftotext", "{src}", "-"]')
-        _check_code_placeholders(name, argv_t)
+        check_code_placeholders(name, argv_t)
     if timeout is not None and timeout <= 0:
         raise DefinitionError(f"program {name!r}: timeout must be positive, given {timeout}",
                               hint="pass timeout=None for no limit")
