@@ -178,7 +178,9 @@ def worker_command(store: str, executor: str | None, workers: int | None,
     settings = settings_for(store)
     if settings.store_kind != "postgres":
         raise InputError(f"pipeline worker needs a PostgreSQL store, given: {store}",
-                         hint="pass --store postgresql://HOST/DATABASE")
+                         hint="workers share a PostgreSQL ledger (--store "
+                         "postgresql://HOST/DATABASE); a run in a file ledger is driven by "
+                         "pipeline run, or pipeline resume RUN_ID --store PATH")
     check_executor(executor)
     st: Any = store_for(settings)
     w = Worker(st, executor=executor, workers=workers, dask_address=dask_address,

@@ -132,6 +132,14 @@ def test_submit_on_a_duckdb_ledger_hints_resume_only(runner: CliRunner, write_fl
     assert code == 0 and "result:  {'total': 5, 'n': 3}" in out
 
 
+def test_a_worker_on_a_file_ledger_is_told_how_its_runs_are_driven(runner: CliRunner,
+                                                                    ledger: str) -> None:
+    code, _, err = _run(runner, "worker", "--store", ledger)
+    assert code == 2
+    assert "pipeline worker needs a PostgreSQL store" in err
+    assert "pipeline resume RUN_ID --store PATH" in err
+
+
 def test_runs_in_a_new_folder_says_where_it_looked(runner: CliRunner, tmp_path: Path) -> None:
     where = str(tmp_path / "nothing-here" / "ledger.duckdb")
     code, out, _ = _run(runner, "runs", "--store", where)
