@@ -410,5 +410,9 @@ def listed(st: RunStore, views: list[RunView]) -> list[RunView]:
             apply_deadlines(st, v.run_id)
             overlay(full, st.approvals(v.run_id))
             v.state, v.reason = full.state, full.reason
+            if v.tasks:         # the counts the listing shows, as overlaid
+                v.tasks = full.tasks
+            if v.task_counts is not None:
+                v.task_counts = full.counts()
     return views
 

@@ -233,6 +233,8 @@ def test_an_expired_deadline_reads_the_same_everywhere_and_notifies_once(project
     time.sleep(max(0.0, asked["request"]["deadline"] + 0.5 - time.time()))
     runs = json.loads(_cli("runs", "--store", ledger, "--json", env=env).stdout)
     assert [r["state"] for r in runs if r["run_id"] == run_id] == ["failed"]
+    (listed,) = [r for r in runs if r["run_id"] == run_id]
+    assert "waiting_approval" not in listed["counts"], listed      # counts agree with it
     status = json.loads(_cli("status", run_id, "--store", ledger, "--json", env=env).stdout)
     assert status["state"] == "failed"
     assert status["tasks"][1]["error"].startswith("expired: no decision before the deadline")
