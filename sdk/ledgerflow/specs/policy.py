@@ -206,12 +206,23 @@ def _absolute(entries: tuple[str, ...] | None, folder: str) -> tuple[str, ...] |
     return tuple(out)
 
 
+def _real_glob(pattern: str) -> str:
+    """``pattern`` with the folders before its first glob character resolved (symlinks)."""
+    cut = min(pattern.index(c) for c in _GLOB if c in pattern)
+    head, _, _ = pattern[:cut].rpartition("/")
+    return os.path.realpath(head or "/").rstrip("/") + pattern[len(head):]
+
+
 def path_allowed(path: str, patterns: Iterable[str]) -> bool:
-    """True if ``path`` is one of ``patterns``, under a folder of them, or matches a glob."""
+    """True if ``path`` is one of ``patterns``, under a folder of them, or matches a glob.
+
+    What counts is where ``path`` really is (symlinks resolved): ``link/x.duckdb``
+    with ``link`` pointing out of the folder does not match ``*.duckdb`` there.
+    """
     p = os.path.realpath(path)
     for pat in patterns:
         if _GLOB & set(pat):
-            if fnmatch.fnmatchcase(p, pat) or fnmatch.fnmatchcase(os.path.abspath(path), pat):
+            if fnmatch.fnmatchcase(p, pat) or fnmatch.fnmatchcase(p, _real_glob(pat)):
                 return True
             continue
         q = os.path.realpath(pat)
