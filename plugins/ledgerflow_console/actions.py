@@ -54,10 +54,25 @@ def _reap() -> None:
 
 
 def cancel(ledger: Ledger, run_id: str) -> dict[str, Any]:
-    """Ask the run to cancel (``ledgerflow.cancel``, as ``pipeline cancel`` does)."""
-    ledgerflow.cancel(run_id, store=ledger.store)
-    return {"message": f"cancel requested for {run_id}; its driver stops within a second",
-            "run_id": run_id}
+    """Cancel the run as ``pipeline cancel`` does: its driver stops within a second; a
+    run no process drives is taken over and cancelled by a detached ``pipeline cancel``
+    (it loads the run's pipeline: never in the console's own process)."""
+    _reap()
+    run = ledger.run(run_id)
+    head = ledger.head(run)
+    kind = ledger.store_kind(run)
+    if head.state in ("running", "cancelling", "waiting") and head.driver_alive is False \
+            and kind in ("duckdb", "postgres"):
+        location = ledger.location(run)
+        argv = [sys.executable, "-m", "ledgerflow", "cancel", run_id]
+        env = {**os.environ, "LEDGERFLOW_STORE": location}  # not argv: it may hold a password
+        proc, log = _spawn(argv, env, _log_folder(location, kind), run_id, "cancel")
+        return {"message": f"no process drives {run_id}: cancelling it (pid {proc.pid}); "
+                f"output in {log}", "run_id": run_id, "pid": proc.pid, "log": str(log)}
+    done = ledgerflow.cancel(run_id, store=ledger.store)
+    message = (f"cancel requested for {run_id}; its driver stops within a second"
+               if done == "requested" else f"run {run_id} cancelled")
+    return {"message": message, "run_id": run_id}
 
 
 def resume(ledger: Ledger, run_id: str) -> dict[str, Any]:

@@ -191,3 +191,35 @@ def test_console_errors_are_error_and_hint_lines(tmp_path: Path) -> None:
                               env=cli_env(), timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr and "--port 0" in proc.stderr
+
+
+GATED = '''
+from ledgerflow import pipeline, task
+
+@task(approve=True)
+def publish(x: int) -> int:
+    return x
+
+@pipeline
+def gated():
+    return publish(1)
+'''
+
+
+def test_cancel_of_a_waiting_run_nobody_drives_ends_it(tmp_path: Path,
+                                                       console_factory: Any) -> None:
+    from tests.waiting import wait_until
+    (tmp_path / "gated.py").write_text(GATED)
+    ledger = str(tmp_path / "ledger.duckdb")
+    res = subprocess.run([*PIPELINE, "run", f"{tmp_path / 'gated.py'}:gated", "--store",
+                          ledger], capture_output=True, text=True, env=cli_env(), timeout=120)
+    assert res.returncode == 3, res.stdout + res.stderr       # waiting for approval
+    rid = res.stdout.split()[1]
+    con = console_factory(ledger, "--allow-actions")
+    status, doc = con.post(f"api/runs/{rid}/cancel", token=con.token)
+    assert status == 200 and f"no process drives {rid}: cancelling it" in doc["message"]
+
+    def cancelled() -> bool:
+        return con.get(f"api/runs/{rid}")[1]["state"] == "cancelled"
+
+    wait_until(cancelled, timeout=120, what="the run cancelled", every=0.5)
