@@ -74,3 +74,11 @@ def test_a_program_that_kills_what_reports_it_fails_with_the_signal(tmp_path: Pa
             as info:
         sly()
     assert info.value.signal == "SIGKILL" and info.value.exit_code is None
+
+
+def test_a_sandboxed_program_starts_with_the_signals_an_unsandboxed_one_has() -> None:
+    """The reporter is Python, which ignores SIGPIPE and SIGXFSZ: the program must not."""
+    show = ["grep", "^Sig\\(Ign\\|Blk\\)", "/proc/self/status"]
+    plain = program("plain", show)()["stdout"]
+    boxed = program("boxed", show, sandbox="bwrap")()["stdout"]
+    assert boxed == plain and "SigIgn:\t0000000000000000" in boxed, boxed

@@ -36,20 +36,30 @@ os.set_inheritable(fd, False)
 stops = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 for s in stops:
     signal.signal(s, signal.SIG_IGN)
+exe = argv[0]
+if "/" not in exe:                 # found now: after the rlimits, allocate as little as can be
+    for d in os.get_exec_path():
+        if os.path.isfile(os.path.join(d, exe)) and os.access(os.path.join(d, exe), os.X_OK):
+            exe = os.path.join(d, exe)
+            break
+plan = []
+if limits:
+    import resource
+    for name, soft, hard in limits:
+        which = getattr(resource, name)
+        cur = resource.getrlimit(which)[1]
+        if cur != resource.RLIM_INFINITY:
+            hard = min(hard, cur)
+        plan.append((which, (min(soft, hard), hard)))
+defaults = (*stops, signal.SIGPIPE, signal.SIGXFSZ)        # Python ignores the last two
 pid = os.fork()
 if pid == 0:
     try:
-        for s in stops:
+        for s in defaults:
             signal.signal(s, signal.SIG_DFL)
-        if limits:
-            import resource
-            for name, soft, hard in limits:
-                which = getattr(resource, name)
-                cur = resource.getrlimit(which)[1]
-                if cur != resource.RLIM_INFINITY:
-                    hard = min(hard, cur)
-                resource.setrlimit(which, (min(soft, hard), hard))
-        os.execvp(argv[0], argv)
+        for which, pair in plan:
+            resource.setrlimit(which, pair)
+        os.execv(exe, argv)
     except BaseException as e:
         os.write(fd, ("E " + json.dumps(f"{type(e).__name__}: {e}") + "\n").encode())
         os._exit(127)
