@@ -439,7 +439,10 @@ def continue_run(pipe: Pipeline[..., Any], view: RunView, st: RunStore, *,
     ex = make_executor(executor if executor is not None and not isinstance(executor, str)
                        else settings.executor, settings)
     lease: Lease = st.take_over(view.run_id)
-    settled = bool(view.tasks) and (view.driver_alive is False or view.state in RUN_TERMINAL)
+    # ``view`` is the prior only if no other driver took the run over since it was read
+    # (the lease's token comes right after the view's): else it may predate a whole drive
+    settled = bool(view.tasks) and lease.token == view.token + 1 and (
+        view.driver_alive is False or view.state in RUN_TERMINAL)
     if settled:
         prior = view
     else:

@@ -37,7 +37,7 @@ from ledgerflow.errors import (
 from ledgerflow.ledger import RecordReads, matching
 from ledgerflow.projection import apply
 from ledgerflow.records import RUN_KINDS, AnyRecord, Record, RunDefined, Takeover
-from ledgerflow.states import RUN_ACTIVE, TaskState
+from ledgerflow.states import RUN_ACTIVE, RunState, TaskState
 from ledgerflow.store import CacheHit, Lease
 from ledgerflow.views import RunView
 
@@ -118,10 +118,12 @@ class DuckDBStore(RecordReads):
         """Lease ``run_id`` for this process (see the protocol). The write lock on the
         file makes takeovers one at a time; one based on a read of this process that
         another driver has made stale (it took the run over since, or drove it at the
-        time) is refused, so two resumes started at once never both drive the run."""
+        time) is refused, so two resumes started at once never both drive the run; so is
+        one of a run that succeeded, whoever read it (a read from another store object)."""
         with self.ledger.connect(True) as con:
             self.folds.run(con, run_id)
-            row = con.execute("SELECT token FROM runs WHERE run_id = ?", [run_id]).fetchall()
+            row = con.execute("SELECT token, state FROM runs WHERE run_id = ?",
+                              [run_id]).fetchall()
             if not row:
                 raise RunNotFoundError(f"no run {run_id!r} in {self.location}")
             if self.driver_alive(run_id):
@@ -133,6 +135,9 @@ class DuckDBStore(RecordReads):
             seen = self._seen.get(run_id)
             if seen is not None and (row[0][0] or 0) > seen:
                 raise _resumed_meanwhile(con, run_id)
+            if row[0][1] == RunState.SUCCEEDED.value:   # whatever the caller read before
+                raise NotResumableError(f"run {run_id} already succeeded; nothing to resume",
+                                        hint=f"see it with: pipeline status {run_id}")
             seg_tokens = [t for t, _ in self.journals.segments(run_id)]
             previous = max([row[0][0] or 0, *seg_tokens])
             token = previous + 1

@@ -1,0 +1,123 @@
+"""Cases the kill -9 harness found, made deterministic (issue 31): each builds the state
+a kill or a race left and checks what a user then sees.
+
+* A resume whose read of the run predates another driver's whole drive (two resumes of a
+  dead run: the other one took the run over and finished it in between) exited 70 with
+  ``cannot go on resume from 'succeeded'`` when the read did not come from the store that
+  takes the run over (``ledgerflow.resume(run_id, view=...)``), and left a live journal
+  segment and a bumped token on the succeeded run. The takeover itself now refuses a run
+  that succeeded, under the file's write lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from ledgerflow import control as api
+from ledgerflow.errors import NotResumableError
+
+pytestmark = pytest.mark.subprocess
+
+FLOW = """
+import os
+from pathlib import Path
+from ledgerflow import pipeline, task
+
+SIDE = Path(os.environ["SIDE"])
+
+@task
+def first() -> int:
+    with open(SIDE / "first.count", "a") as fh:
+        fh.write("ran\\n")
+    return 1
+
+@task
+def second(x: int) -> int:
+    with open(SIDE / "second.count", "a") as fh:
+        fh.write("ran\\n")
+    if not (SIDE / "fixed").exists():
+        raise RuntimeError("not yet")
+    return x + 1
+
+@pipeline
+def flow():
+    return second(first())
+"""
+
+
+def _cli(env: dict[str, str], store: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ledgerflow", *args, "--store", store],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+def _failed_run(tmp: Path) -> tuple[str, str, dict[str, str], Path]:
+    """A run whose second task failed; the fix is in (``fixed``), so a resume succeeds."""
+    (tmp / "flow.py").write_text(FLOW)
+    side = tmp / "side"
+    side.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGERFLOW_")}
+    env["SIDE"] = str(side)
+    store = str(tmp / "ledger.duckdb")
+    first = _cli(env, store, "run", str(tmp / "flow.py"))
+    assert first.returncode == 1, first.stderr
+    (side / "fixed").write_text("")
+    return first.stdout.split()[1], store, env, side
+
+
+def test_a_resume_from_a_read_older_than_another_drivers_whole_drive_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_id, store, env, side = _failed_run(tmp_path)
+    monkeypatch.setenv("SIDE", str(side))
+    read_before = api.open_ledger(store).get_run(run_id)       # failed, nobody drives it
+    assert read_before.state == "failed" and read_before.driver_alive is False
+    other = _cli(env, store, "resume", run_id)                  # another process finishes it
+    assert other.returncode == 0, other.stderr
+    with pytest.raises(NotResumableError, match="already succeeded") as refused:
+        api.resume(run_id, store=store, view=read_before)       # a store of its own
+    assert refused.value.exit_code == 2
+    # the run is as the other driver left it: no second drive, no new segment, no new token
+    assert (side / "second.count").read_text().split() == ["ran", "ran"]
+    live = sorted(p.name for p in (Path(store + ".d") / "journals").glob("*.jsonl"))
+    assert live == [], live
+    view = json.loads(_cli(env, store, "status", run_id, "--json").stdout)
+    assert view["state"] == "succeeded" and not view["driver_alive"]
+    con = duckdb.connect(store, read_only=True)
+    try:
+        token, state = con.execute("SELECT token, state FROM runs WHERE run_id = ?",
+                                   [run_id]).fetchone()
+    finally:
+        con.close()
+    assert (token, state) == (2, "succeeded")
+
+
+def test_a_resume_from_a_read_older_than_another_drivers_failed_drive_starts_from_its_end(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other driver failed again: the run is resumed from where that drive left it
+    (its attempt numbers go on), not from the older read (which reused attempt 2)."""
+    run_id, store, env, side = _failed_run(tmp_path)
+    (side / "fixed").unlink()
+    monkeypatch.setenv("SIDE", str(side))
+    read_before = api.open_ledger(store).get_run(run_id)
+    other = _cli(env, store, "resume", run_id)                  # fails again: attempt 2
+    assert other.returncode == 1, other.stderr
+    (side / "fixed").write_text("")
+    run = api.resume(run_id, store=store, view=read_before, executor="inline")
+    assert run.state == "succeeded"
+    assert (side / "second.count").read_text().split() == ["ran"] * 3
+    view = json.loads(_cli(env, store, "status", run_id, "--json").stdout)
+    assert {t["key"]: t["attempts"] for t in view["tasks"]} == {"first": 1, "second": 3}
+    con = duckdb.connect(store, read_only=True)
+    try:
+        numbers = [n for (n,) in con.execute(
+            "SELECT attempt FROM attempts WHERE run_id = ? AND task_key = 'second' "
+            "ORDER BY attempt", [run_id]).fetchall()]
+    finally:
+        con.close()
+    assert numbers == [1, 2, 3], numbers
