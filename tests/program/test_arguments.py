@@ -91,3 +91,28 @@ def test_after_a_double_dash_and_for_numbers_a_leading_dash_is_fine() -> None:
     assert num(n=-3)["stdout"] == "-3\n" and num(n="-2.5e3")["stdout"] == "-2.5e3\n"
     with pytest.raises(UnsafeArgument, match=r"parameter n='-x'"):
         num(n="-x")
+
+
+def test_a_value_cannot_lead_a_declared_path_out_of_its_folder(tmp_path: Path,
+                                                              ledger: str) -> None:
+    """``outputs=["out/{name}.txt"]``: the folder of an output is writable in the
+    sandbox, so ``name="../../x"`` would have made a folder outside ``out/`` writable."""
+    out, outside = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    outside.mkdir()
+    write = program("write", ["sh", "-c", 'echo hi > "$1"', "sh", f"{out}/{{name}}.txt"],
+                    outputs=[f"{out}/{{name}}.txt"], retries=1)
+
+    @pipeline
+    def p(name: str):
+        return write(name=name)
+
+    assert p.run("fine", store=ledger, executor="threads").status().state == "succeeded"
+    assert (out / "fine.txt").read_text() == "hi\n"
+    run = p.run("../elsewhere/evil", store=ledger, executor="threads")
+    task = run.status().tasks["write"]
+    assert task.state == "failed" and "outside" in (task.error or "")
+    assert [a["outcome"] for a in run.attempts("write")] == ["error"]     # not retried
+    assert list(outside.iterdir()) == []
+    whole = program("whole", ["true"], inputs=["{src}"])            # the value is the path
+    assert whole(src="../anything")["exit_code"] == 0

@@ -114,8 +114,27 @@ class ProgramSpec:
 
     def _paths(self, templates: Sequence[str], values: Mapping[str, str],
                cwd: str | None) -> list[str]:
+        """The declared paths for this call; a value may not lead one out of its folder.
+
+        ``outputs=["out/{name}.txt"]`` with ``name="../../etc/x"`` would make ``/etc``
+        writable in the sandbox: a path whose template names a folder before its first
+        placeholder must stay in that folder (a template that starts with a
+        placeholder lets the value choose the whole path).
+        """
         base = cwd or os.getcwd()
-        return [os.path.normpath(os.path.join(base, fill(t, values))) for t in templates]
+        out = []
+        for t in templates:
+            path = os.path.normpath(os.path.join(base, fill(t, values)))
+            fixed = t.split("{", 1)[0].rpartition("/")[0] if names(t) else ""
+            if fixed:
+                folder = os.path.normpath(os.path.join(base, fixed))
+                if path != folder and not path.startswith(folder.rstrip("/") + "/"):
+                    raise UnsafeArgument(
+                        f"program {self.name!r}: the path {t!r} filled with "
+                        f"{ {k: values[k] for k in sorted(names(t))} } is {path}, outside "
+                        f"{folder}; it was not run (hint: pass a name without '..')")
+            out.append(path)
+        return out
 
     def input_hashes(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]
                      ) -> list[tuple[str, str | None]]:
