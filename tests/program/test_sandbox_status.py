@@ -8,13 +8,15 @@ bwrap's "exit 1". Each test runs the real bubblewrap.
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from ledgerflow import Limits, pipeline, program
-from ledgerflow.programs import ProgramError
+from ledgerflow.programs import ProgramError, SandboxUnavailable, UnsafeArgument
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None,
                                 reason="bubblewrap is not installed (apt-get install bubblewrap)")
@@ -82,3 +84,34 @@ def test_a_sandboxed_program_starts_with_the_signals_an_unsandboxed_one_has() ->
     plain = program("plain", show)()["stdout"]
     boxed = program("boxed", show, sandbox="bwrap")()["stdout"]
     assert boxed == plain and "SigIgn:\t0000000000000000" in boxed, boxed
+
+
+def test_a_symlink_a_program_left_in_its_writable_folder_leads_nothing_out(
+        tmp_path: Path) -> None:
+    """Attempt 1 replaces ``out/res`` (inside its writable ``out``) with a link to a folder
+    outside; attempt 2 would have bound that folder read-write."""
+    out = tmp_path / "out"
+    (out / "res").mkdir(parents=True)
+    # outside /tmp, which is private in the sandbox: seen there as on the host
+    victim = Path(tempfile.mkdtemp(prefix="ledgerflow-victim-", dir="/var/tmp"))
+    try:
+        _plant_and_write(out, victim)
+    finally:
+        shutil.rmtree(victim)
+
+
+def _plant_and_write(out: Path, victim: Path) -> None:
+    link = os.path.relpath(victim, out)      # relative: bwrap follows it on the host
+    plant = program("plant", ["sh", "-c", f"rm -r {out}/res && ln -s {link} {out}/res"],
+                    sandbox="bwrap", writable=[str(out)])
+    plant()
+    assert (out / "res").is_symlink()
+    write = program("write", ["sh", "-c", f"echo owned > {out}/res/x"], sandbox="bwrap",
+                    writable=[str(out)], outputs=[f"{out}/res/x"])
+    with pytest.raises(SandboxUnavailable, match="outside it"):
+        write()
+    named = program("named", ["sh", "-c", 'echo owned > "$1"', "sh", f"{out}/{{name}}"],
+                    sandbox="bwrap", outputs=[f"{out}/{{name}}"])
+    with pytest.raises(UnsafeArgument, match="outside"):
+        named(name="res/x")                     # through the link: out/res/x is victim/x
+    assert list(victim.iterdir()) == []

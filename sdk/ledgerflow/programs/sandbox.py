@@ -137,6 +137,24 @@ def _system_view() -> list[str]:
     return args
 
 
+def _no_escape(writable: Sequence[str]) -> None:
+    """Refuse a writable path inside another whose real place is outside it.
+
+    A program may replace ``out/res`` (inside its writable ``out``) with a symlink
+    to ``/etc``; the next attempt would bind ``/etc`` read-write.
+    """
+    for inner in writable:
+        for outer in writable:
+            o = outer.rstrip("/")
+            if inner.rstrip("/") != o and inner.startswith(o + "/"):
+                real, real_outer = os.path.realpath(inner), os.path.realpath(outer)
+                if real != real_outer and not real.startswith(real_outer.rstrip("/") + "/"):
+                    raise SandboxUnavailable(
+                        f"the writable path {inner} inside the writable {outer} leads to "
+                        f"{real}, outside it (a symlink there, which a program may have "
+                        "left); it was not run (hint: remove the link)")
+
+
 def bwrap_argv(exe: str, *, cwd: str, visible: Sequence[str], writable: Sequence[str],
                read_only: Sequence[str], network: bool, view: str) -> list[str]:
     """The bubblewrap command line (up to and with ``--``) for one program attempt.
@@ -146,6 +164,7 @@ def bwrap_argv(exe: str, *, cwd: str, visible: Sequence[str], writable: Sequence
     """
     for path in writable:
         os.makedirs(path, exist_ok=True)
+    _no_escape(writable)
     if view == "declared":
         args = [exe, *_system_view()]
     else:

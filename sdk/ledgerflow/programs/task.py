@@ -48,6 +48,10 @@ class ProgramResult(TypedDict):
     outputs: dict[str, str]        # declared output path -> content hash
 
 
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
 def _signame(num: int) -> str:
     try:
         return signal.Signals(num).name
@@ -119,7 +123,8 @@ class ProgramSpec:
         ``outputs=["out/{name}.txt"]`` with ``name="../../etc/x"`` would make ``/etc``
         writable in the sandbox: a path whose template names a folder before its first
         placeholder must stay in that folder (a template that starts with a
-        placeholder lets the value choose the whole path).
+        placeholder lets the value choose the whole path). Symlinks count: a link the
+        program left in ``out/`` does not lead a later path out either.
         """
         base = cwd or os.getcwd()
         out = []
@@ -128,7 +133,8 @@ class ProgramSpec:
             fixed = t.split("{", 1)[0].rpartition("/")[0] if names(t) else ""
             if fixed:
                 folder = os.path.normpath(os.path.join(base, fixed))
-                if path != folder and not path.startswith(folder.rstrip("/") + "/"):
+                if not _inside(path, folder) or not _inside(os.path.realpath(path),
+                                                           os.path.realpath(folder)):
                     raise UnsafeArgument(
                         f"program {self.name!r}: the path {t!r} filled with "
                         f"{ {k: values[k] for k in sorted(names(t))} } is {path}, outside "
