@@ -9,6 +9,8 @@ thread's context:
   inside its write roots; so must ``os.remove``, ``os.rename``, ``os.mkdir``,
   ``os.rmdir``, ``os.chmod``, ``os.truncate``, ``os.link``, ``os.symlink``,
   ``os.utime``, ``shutil.rmtree`` and friends;
+* ``sqlite3.connect``: the database file counts as a write (SQLite opens it
+  read-write and may create it);
 * ``socket.connect`` / ``sendto`` / ``bind`` / ``getaddrinfo``: only with
   ``network=True``;
 * ``subprocess.Popen``, ``os.system``, ``os.exec*``, ``os.posix_spawn``,
@@ -348,6 +350,10 @@ def _check(g: Guard, event: str, args: tuple[Any, ...]) -> None:
                 path = _real(args[i])
                 if path is not None:
                     _path(g, path, True, event)
+    elif event == "sqlite3.connect" and args:       # C code opens it: no open event
+        path = _sqlite_path(args[0])
+        if path is not None:
+            _path(g, path, True, event)
     elif event in _NET:
         if not g.network:
             g.refuse("tool_not_allowed", f"tool {g.tool!r} may not use the network "
@@ -356,6 +362,22 @@ def _check(g: Guard, event: str, args: tuple[Any, ...]) -> None:
         if not g.spawn:
             g.refuse("tool_not_allowed", f"tool {g.tool!r} may not start programs "
                      f"({event}); declare @tool(spawn=True)")
+
+
+def _sqlite_path(database: Any) -> str | None:
+    """The file ``sqlite3.connect(database)`` opens (read-write), or None (in memory)."""
+    if isinstance(database, bytes):
+        database = os.fsdecode(database)
+    if not isinstance(database, (str, os.PathLike)):
+        return None
+    name = os.fspath(database)
+    if name.startswith("file:"):                # a URI: file:path?mode=ro
+        name = name[5:].split("?", 1)[0].split("#", 1)[0]
+        if name.startswith("//"):
+            name = "/" + name[2:].split("/", 1)[-1]
+    if name in ("", ":memory:"):
+        return None
+    return _real(name)
 
 
 #: what the runtime may do in the temporary folder: make new files and folders, remove them
