@@ -110,6 +110,10 @@ def _plant_and_write(out: Path, victim: Path) -> None:
                     writable=[str(out)], outputs=[f"{out}/res/x"])
     with pytest.raises(SandboxUnavailable, match="outside it"):
         write()
+    peek = program("peek", ["cat", f"{out}/res/x"], sandbox="bwrap", view="declared",
+                   writable=[str(out)], read_only=[f"{out}/res"])
+    with pytest.raises(SandboxUnavailable, match="outside it"):
+        peek()                                  # would show the victim folder read-only
     named = program("named", ["sh", "-c", 'echo owned > "$1"', "sh", f"{out}/{{name}}"],
                     sandbox="bwrap", outputs=[f"{out}/{{name}}"])
     with pytest.raises(UnsafeArgument, match="outside"):

@@ -137,20 +137,21 @@ def _system_view() -> list[str]:
     return args
 
 
-def _no_escape(writable: Sequence[str]) -> None:
-    """Refuse a writable path inside another whose real place is outside it.
+def _no_escape(writable: Sequence[str], inside: Sequence[str]) -> None:
+    """Refuse a path of ``inside`` within a writable one whose real place is outside it.
 
     A program may replace ``out/res`` (inside its writable ``out``) with a symlink
-    to ``/etc``; the next attempt would bind ``/etc`` read-write.
+    to ``/etc``; the next attempt would bind ``/etc`` read-write (or, for a
+    ``read_only`` path, show a host folder the view hides).
     """
-    for inner in writable:
+    for inner in inside:
         for outer in writable:
             o = outer.rstrip("/")
             if inner.rstrip("/") != o and inner.startswith(o + "/"):
                 real, real_outer = os.path.realpath(inner), os.path.realpath(outer)
                 if real != real_outer and not real.startswith(real_outer.rstrip("/") + "/"):
                     raise SandboxUnavailable(
-                        f"the writable path {inner} inside the writable {outer} leads to "
+                        f"the path {inner} inside the writable {outer} leads to "
                         f"{real}, outside it (a symlink there, which a program may have "
                         "left); it was not run (hint: remove the link)")
 
@@ -164,7 +165,7 @@ def bwrap_argv(exe: str, *, cwd: str, visible: Sequence[str], writable: Sequence
     """
     for path in writable:
         os.makedirs(path, exist_ok=True)
-    _no_escape(writable)
+    _no_escape(writable, [*writable, *read_only])
     if view == "declared":
         args = [exe, *_system_view()]
     else:
