@@ -142,7 +142,7 @@ def _no_escape(writable: Sequence[str], inside: Sequence[str]) -> None:
 
     A program may replace ``out/res`` (inside its writable ``out``) with a symlink
     to ``/etc``; the next attempt would bind ``/etc`` read-write (or, for a
-    ``read_only`` path, show a host folder the view hides).
+    ``read_only`` path or an input, show a host folder the view hides).
     """
     for inner in inside:
         for outer in writable:
@@ -165,7 +165,7 @@ def bwrap_argv(exe: str, *, cwd: str, visible: Sequence[str], writable: Sequence
     """
     for path in writable:
         os.makedirs(path, exist_ok=True)
-    _no_escape(writable, [*writable, *read_only])
+    _no_escape(writable, [*writable, *read_only, *visible])
     if view == "declared":
         args = [exe, *_system_view()]
     else:
