@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import duckdb
@@ -26,7 +27,7 @@ from ledgerflow.errors import NotResumableError
 pytestmark = pytest.mark.subprocess
 
 FLOW = """
-import os
+import os, subprocess, sys, time
 from pathlib import Path
 from ledgerflow import pipeline, task
 
@@ -44,11 +45,36 @@ def second(x: int) -> int:
         fh.write("ran\\n")
     if not (SIDE / "fixed").exists():
         raise RuntimeError("not yet")
+    if os.environ.get("HOLDER"):        # another process holds the ledger from now on
+        subprocess.Popen([sys.executable, os.environ["HOLDER"]], start_new_session=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)     # (the test reads the driver's pipes)
+        while not (SIDE / "holding").exists():
+            time.sleep(0.02)
     return x + 1
 
 @pipeline
 def flow():
     return second(first())
+"""
+
+#: holds the ledger file open read-only (as a user's SQL session would) until SIDE/go
+HOLDER = """
+import os, time
+from pathlib import Path
+import duckdb
+side = Path(os.environ["SIDE"])
+while True:
+    try:
+        con = duckdb.connect(os.environ["LEDGER"], read_only=True)
+        break
+    except duckdb.Error:
+        time.sleep(0.01)
+(side / "holding").write_text("")
+while not (side / "go").exists():
+    time.sleep(0.02)
+con.close()
+(side / "released").write_text("")
 """
 
 
@@ -121,3 +147,41 @@ def test_a_resume_from_a_read_older_than_another_drivers_failed_drive_starts_fro
     finally:
         con.close()
     assert numbers == [1, 2, 3], numbers
+
+
+def test_a_driver_that_cannot_fold_at_its_end_says_the_tables_are_behind(
+        tmp_path: Path) -> None:
+    """Another process holds the ledger file through the driver's fold at release (here a
+    plain DuckDB reader; a slow pipeline import in a resume's read does it too): the run
+    still ends 0, and says that the SQL tables lag its journal until ``pipeline fold``
+    (it was silent: SQL disagreed with ``pipeline status`` after a normal exit)."""
+    run_id, store, env, side = _failed_run(tmp_path)
+    (tmp_path / "holder.py").write_text(HOLDER)
+    env.update(LEDGERFLOW_LOCK_TIMEOUT="1", LEDGER=store, HOLDER=str(tmp_path / "holder.py"))
+    try:
+        done = _cli(env, store, "resume", run_id)
+    finally:
+        (side / "go").write_text("")
+    deadline = time.monotonic() + 60
+    while not (side / "released").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert done.returncode == 0, done.stderr
+    assert "pipeline fold" in done.stderr and "behind" in done.stderr, done.stderr
+    con = duckdb.connect(store, read_only=True)
+    try:
+        assert con.execute("SELECT state FROM runs WHERE run_id = ?",
+                           [run_id]).fetchone() == ("failed",)          # what it says
+    finally:
+        con.close()
+    assert _cli(env, store, "fold").returncode == 0
+    view = json.loads(_cli(env, store, "status", run_id, "--json").stdout)
+    con = duckdb.connect(store, read_only=True)
+    try:
+        state = con.execute("SELECT state FROM runs WHERE run_id = ?", [run_id]).fetchone()
+        tasks = dict(con.execute("SELECT task_key, attempts FROM tasks WHERE run_id = ?",
+                                 [run_id]).fetchall())
+    finally:
+        con.close()
+    assert state == (view["state"],) == ("succeeded",)
+    assert tasks == {t["key"]: t["attempts"] for t in view["tasks"]} == {"first": 1,
+                                                                          "second": 2}

@@ -17,6 +17,7 @@ work while a run is active. Leases and cancel requests are files
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -49,6 +50,7 @@ from .fold import BackgroundFold, Fold, FoldPolicy
 from .journal import Journals, read_records
 from .lease import Heartbeat, Leases
 
+log = logging.getLogger("ledgerflow")
 R = TypeVar("R", bound=Record)
 T = TypeVar("T")
 _ACTIVE = frozenset(s.value for s in RUN_ACTIVE)
@@ -181,7 +183,11 @@ class DuckDBStore(RecordReads):
         try:
             self.fold_run(lease.run_id, archive_finished=True)
         except StoreLockedError:
-            pass   # readers add the tail; the next writer folds it
+            # readers add the tail, the next writer folds it; SQL users are told
+            log.warning("run %s: the ledger %s was locked by another process, so its SQL "
+                        "tables are behind the journal until the next run or resume folds "
+                        "it, or: pipeline fold --store %s", lease.run_id, self.location,
+                        self.location)
         self.leases.remove(lease.run_id, lease.token)
 
     def _fold_bite(self, run_id: str, max_bytes: int) -> bool:
