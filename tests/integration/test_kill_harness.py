@@ -4,12 +4,15 @@ Each case makes its share of ``LEDGERFLOW_KILL_POINTS`` kill points (default: a
 bound for CI, about 90 s on a quiet 2-core machine) and prints its seed and counts
 (``kill points: N, lost: 0, bricked: 0, stale: 0``) so that several CI runs add up;
 ``LEDGERFLOW_KILL_SEED`` replays one seed, ``LEDGERFLOW_KILL_LOG`` appends the counts
-as JSON lines to a file. Points are spread over a run: before the ledger exists,
-while it is made, mid-run (after a random number of side effects) and in the final fold.
+(and the first failures, with the trial folders to look at) as JSON lines to a file and
+prints the cumulative counts of every run logged there, the figure to cite across CI
+runs. Points are spread over a run: before the ledger exists, while it is made, mid-run
+(after a random number of side effects) and in the final fold.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -61,15 +64,22 @@ def board(request: pytest.FixtureRequest) -> Iterator[list[Tally]]:
                  f"lost: {sum(len(t.lost) for t in tallies)}, "
                  f"bricked: {sum(len(t.bricked) for t in tallies)}, "
                  f"stale: {sum(len(t.stale) for t in tallies)}")
-    for line in lines:
-        if reporter is not None:
-            reporter.write_line(line)
-        else:
-            print(line)
+    log = os.environ.get("LEDGERFLOW_KILL_LOG")
+    if log and os.path.exists(log):
+        lines.append(cumulative(Path(log)))
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    # shown on the terminal even when every case passed (captured output is not)
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        for line in lines:
+            if reporter is not None:
+                reporter.write_line(line)
+            else:
+                print(line)
 
 
 @pytest.fixture
-def tally(board: list[Tally], request: pytest.FixtureRequest) -> Iterator[Tally]:
+def tally(board: list[Tally], request: pytest.FixtureRequest,
+          tmp_path: Path) -> Iterator[Tally]:
     seed, _ = seeded()
     seed = (seed + sum(map(ord, request.node.name))) % (1 << 32)   # one stream per case
     own = Tally(seed)
@@ -79,8 +89,31 @@ def tally(board: list[Tally], request: pytest.FixtureRequest) -> Iterator[Tally]
     if log:
         with open(log, "a") as fh:
             fh.write(json.dumps({"case": request.node.name, "seed": own.seed,
+                                 "session": SESSION, "at": time.time(),
                                  "kill_points": own.kills, "lost": len(own.lost),
-                                 "bricked": len(own.bricked), "stale": len(own.stale)}) + "\n")
+                                 "bricked": len(own.bricked), "stale": len(own.stale),
+                                 "folder": str(tmp_path),
+                                 "failures": (own.lost + own.bricked + own.stale)[:10]})
+                     + "\n")
+
+
+#: this harness run, as its lines in ``LEDGERFLOW_KILL_LOG`` name it
+SESSION = f"{os.getpid()}-{int(time.time())}"
+
+
+def cumulative(log: Path) -> str:
+    """The counts of every harness run logged in ``log`` (one JSON line a case and run)."""
+    rows = []
+    for line in log.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue            # a line cut by a run that was stopped
+    total = {k: sum(int(r.get(k, 0)) for r in rows)
+             for k in ("kill_points", "lost", "bricked", "stale")}
+    return (f"kill harness cumulative ({log}, {len(rows)} case result(s)): "
+            f"kill points: {total['kill_points']}, lost: {total['lost']}, "
+            f"bricked: {total['bricked']}, stale: {total['stale']}")
 
 
 def _verdict(tally: Tally) -> None:

@@ -1,12 +1,16 @@
 """Cases the kill -9 harness found, made deterministic (issue 31): each builds the state
 a kill or a race left and checks what a user then sees.
 
-* A resume whose read of the run predates another driver's whole drive (two resumes of a
-  dead run: the other one took the run over and finished it in between) exited 70 with
-  ``cannot go on resume from 'succeeded'`` when the read did not come from the store that
-  takes the run over (``ledgerflow.resume(run_id, view=...)``), and left a live journal
-  segment and a bumped token on the succeeded run. The takeover itself now refuses a run
-  that succeeded, under the file's write lock.
+* Two resumes of a dead run: one read the run, the other took it over and drove it (to
+  its end) before the first took it over. When that read did not come from the store
+  object that takes the run over (``ledgerflow.resume(run_id, view=...)``), the first
+  resume drove the run again from its old rows (a task ran again, attempt numbers were
+  reused), or, if the read was made while the other drove, exited 70 (``cannot go on
+  resume from 'succeeded'``) leaving a live journal segment and a bumped token on the
+  succeeded run. The view is the prior only if the takeover's token follows its own, and
+  the takeover refuses a run that succeeded.
+* A driver whose fold at release found the file locked past the lock timeout ended 0 in
+  silence, its SQL tables behind ``pipeline status``: it says so now.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ def second(x: int) -> int:
         fh.write("ran\\n")
     if not (SIDE / "fixed").exists():
         raise RuntimeError("not yet")
+    while os.environ.get("WAIT") and not (SIDE / "go").exists():
+        time.sleep(0.02)
     if os.environ.get("HOLDER"):        # another process holds the ledger from now on
         subprocess.Popen([sys.executable, os.environ["HOLDER"]], start_new_session=True,
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -185,3 +191,35 @@ def test_a_driver_that_cannot_fold_at_its_end_says_the_tables_are_behind(
     assert state == (view["state"],) == ("succeeded",)
     assert tasks == {t["key"]: t["attempts"] for t in view["tasks"]} == {"first": 1,
                                                                           "second": 2}
+
+
+def test_a_resume_from_a_read_made_while_another_driver_drove_to_the_end_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exit 2 with a message, not 70, and nothing left on the succeeded run."""
+    run_id, store, env, side = _failed_run(tmp_path)
+    monkeypatch.setenv("SIDE", str(side))
+    other = subprocess.Popen([sys.executable, "-m", "ledgerflow", "resume", run_id, "--store",
+                              store], env={**env, "WAIT": "1"}, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while len((side / "second.count").read_text().split()) < 2:    # it drives `second`
+            assert other.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        read_while = api.open_ledger(store).get_run(run_id)
+        assert read_while.state == "running" and read_while.driver_alive is True
+    finally:
+        (side / "go").write_text("")
+    assert other.wait(timeout=120) == 0
+    with pytest.raises(NotResumableError, match="already succeeded") as refused:
+        api.resume(run_id, store=store, view=read_while)
+    assert refused.value.exit_code == 2
+    assert (side / "second.count").read_text().split() == ["ran", "ran"]
+    live = sorted(p.name for p in (Path(store + ".d") / "journals").glob("*.jsonl"))
+    assert live == [], live
+    con = duckdb.connect(store, read_only=True)
+    try:
+        assert con.execute("SELECT token, state FROM runs WHERE run_id = ?",
+                           [run_id]).fetchone() == (2, "succeeded")
+    finally:
+        con.close()
