@@ -14,8 +14,8 @@ With tools in the request, decoding is constrained by lm-format-enforcer to
 a call to an allowed tool with arguments matching its schema, or an answer.
 An answer's text is bounded by the grammar
 (:func:`~ledgerflow_agents.toolprompt.answer_limit`), and no run of three
-tokens is written twice in one output (where the grammar leaves another
-choice): the 135M model otherwise loops ("a copy of a copy of ...") until
+tokens is written twice in one output that may hold an answer (where the grammar
+leaves another choice): the 135M model otherwise loops ("a copy of a copy of ...") until
 the token budget cuts its JSON. An answer that reached the bound is marked
 cut (``…``, finish reason ``length``).
 
@@ -43,7 +43,14 @@ from ledgerflow.errors import ConfigError, PluginError
 
 from .errors import MalformedResponse, ModelTimeout, ProviderError
 from .provider import ModelRequest, ModelResponse, Pricing, ToolCall, Usage
-from .toolprompt import Example, answer_was_cut, build_messages, output_schema, parse_output
+from .toolprompt import (
+    Example,
+    answer_was_cut,
+    build_messages,
+    may_answer,
+    output_schema,
+    parse_output,
+)
 
 __all__ = ["GGUF_FILE", "LocalModel", "available", "default_gguf", "missing_packages"]
 
@@ -195,8 +202,11 @@ class _Backend:
         return list(encoded["input_ids"])
 
     def generate(self, ids: list[int], *, max_new_tokens: int, schema: dict[str, Any] | None,
-                 temperature: float, seed: int, deadline: float | None) -> tuple[list[int], bool]:
-        """Decode after ``ids``; return (new token ids, timed out)."""
+                 temperature: float, seed: int, deadline: float | None,
+                 no_loop: bool = True) -> tuple[list[int], bool]:
+        """Decode after ``ids``; return (new token ids, timed out). ``no_loop``: the loop
+        breaker (off where the output is only a tool call: structured arguments such as a
+        spec repeat token runs on purpose, and banning them bent enum choices)."""
         import torch
         from transformers import (
             LogitsProcessor,
@@ -270,7 +280,8 @@ class _Backend:
                     max_new_tokens=max_new_tokens, pad_token_id=self.tokenizer.eos_token_id,
                     eos_token_id=self.tokenizer.eos_token_id,
                     stopping_criteria=StoppingCriteriaList([_Deadline()]),
-                    logits_processor=LogitsProcessorList([_NoLoop()]), **kwargs)
+                    logits_processor=LogitsProcessorList([_NoLoop()] if no_loop else []),
+                    **kwargs)
             finally:
                 torch.set_num_threads(threads)
         return [int(t) for t in out[0, len(ids):]], timed_out
@@ -397,7 +408,8 @@ class LocalModel:
         deadline = None if timeout is None else started + timeout
         new, timed_out = backend.generate(ids, max_new_tokens=request.max_output_tokens,
                                           schema=schema, temperature=request.temperature,
-                                          seed=seed, deadline=deadline)
+                                          seed=seed, deadline=deadline,
+                                          no_loop=may_answer(request))
         eos = backend.tokenizer.eos_token_id
         ended = bool(new) and new[-1] == eos
         text = backend.tokenizer.decode(new, skip_special_tokens=True).strip()

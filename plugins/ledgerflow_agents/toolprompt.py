@@ -98,6 +98,11 @@ def answer_was_cut(text: str, request: ModelRequest) -> bool:
     return m is not None and len(m.group(1)) >= answer_limit(request)
 
 
+def may_answer(request: ModelRequest) -> bool:
+    """True if the model may answer in text now (not only call a tool)."""
+    return _allowed(request)[1]
+
+
 def output_schema(request: ModelRequest) -> dict[str, Any] | None:
     """The JSON Schema the answer must match, or ``None`` for free text (no tools)."""
     if not request.tools:
