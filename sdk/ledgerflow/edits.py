@@ -20,7 +20,7 @@ approvals rows (:func:`approvals_with_edits`) and on the tool calls it is
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 from .approval import EDIT, masked
@@ -130,9 +130,10 @@ def _object(schema: Mapping[str, Any], value: dict[str, Any], where: str) -> str
 
 
 def _bounds(schema: Mapping[str, Any], value: object, name: str) -> str:
-    checks = [("minimum", lambda v, b: v >= b), ("maximum", lambda v, b: v <= b),
-              ("exclusiveMinimum", lambda v, b: v > b),
-              ("exclusiveMaximum", lambda v, b: v < b)]
+    import operator
+    checks: list[tuple[str, Callable[[Any, Any], bool]]] = [
+        ("minimum", operator.ge), ("maximum", operator.le),
+        ("exclusiveMinimum", operator.gt), ("exclusiveMaximum", operator.lt)]
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         for key, ok in checks:
             if key in schema and not ok(value, schema[key]):

@@ -63,8 +63,7 @@ class Runner:
 
     def __init__(self, *, graph: Graph, store: RunStore, executor: Executor,
                  settings: Settings, run_id: str, prior: RunView | None = None,
-                 cache: Mapping[str, CacheHit] | None = None,
-                 observers: Observers | None = None,
+                 cache: Mapping[str, CacheHit] | None = None, observers: Observers | None = None,
                  cancel_event: threading.Event | None = None) -> None:
         self.graph = graph
         self.store = store
@@ -109,7 +108,8 @@ class Runner:
         self.echo = settings.logs
         self.wait_approvals = settings.wait_approvals
         self.gates = Gates(run_id)  # approval gates: what they decide, the runner applies
-        self.ledger_folder, self.run_folder = worker_folders(store, run_id) or (None, None)
+        folders: tuple[str | None, str | None] = worker_folders(store, run_id) or (None, None)
+        self.ledger_folder, self.run_folder = folders
         self.steps = StepResults(self.run_folder)
 
     #: the observer hooks someone implements, or None (tests read these)
