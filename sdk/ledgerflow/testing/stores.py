@@ -193,7 +193,9 @@ class StoreContract:
                 AttemptEnded("a", 1, "ok", now, now, "", "", ""),
                 ResultRecorded("a", 1, "fp-same", "h1", "json", "1", None, 1, None),
                 Transition(4, "a", 1, "running", "succeeded", "", now),
-                RunStateChanged("succeeded", "", now),
+                # c1 failed elsewhere (a resume below adds a success); a succeeded run is
+                # never taken over again
+                RunStateChanged("failed" if rid == "c1" else "succeeded", "", now),
             ])
             st.release(lease)
             time.sleep(0.01)
