@@ -78,10 +78,14 @@ def test_a_resume_from_a_read_another_resume_made_stale_is_refused(
     run = once.run(side=side, store=where, executor="inline")
     assert run.state == "failed"
     mine = PostgresStore(where) if kind == "postgres" else DuckDBStore(where)
-    stale = mine.get_run(run.run_id, upstream=False)
-    Path(side + ".fixed").touch()
-    assert ledgerflow.resume(run.run_id, store=where, executor="inline").state == "succeeded"
-    with pytest.raises(NotResumableError, match="is being resumed by pid"):
-        ledgerflow.resume(run.run_id, store=mine, executor="inline", view=stale,
-                          pipeline=once)
+    try:
+        stale = mine.get_run(run.run_id, upstream=False)
+        Path(side + ".fixed").touch()
+        done = ledgerflow.resume(run.run_id, store=where, executor="inline")
+        assert done.state == "succeeded"
+        with pytest.raises(NotResumableError, match="is being resumed by pid"):
+            ledgerflow.resume(run.run_id, store=mine, executor="inline", view=stale,
+                              pipeline=once)
+    finally:
+        mine.close()
     assert Path(side).read_text().count("x") == 2        # the failed try and one resume
