@@ -170,6 +170,11 @@ class _Why:
                 self.cached_key[e["task_key"]] = reason[len(_CACHED):].partition("/")[2]
             elif e["to_state"] == "running" and _VERIFY in reason:
                 self.rejected[e["task_key"]] = reason[reason.index(_VERIFY):]
+        # fan-out nodes some child of which was reused: a change of their first upstream
+        # (the list they are mapped over) is a change of the rerun children's items, not of
+        # an input every child reads (that would have changed every child's fingerprint)
+        self.kept_nodes = {r.node for r in view.tasks.values()
+                           if r.position is not None and r.cached_from is not None}
         self.failures: dict[str, list[str]] = {}
         for a in attempts:
             if a["outcome"] not in ("ok", "waiting"):
@@ -266,7 +271,13 @@ class _Why:
         base = self.base
         assert base is not None
         out: dict[str, list[str | None]] = {}
-        for up in row.upstream:
+        ups = row.upstream
+        first = self.view.tasks.get(ups[0]) if ups else None
+        if row.position is not None and row.node in self.kept_nodes and first is not None \
+                and first.position is None:
+            ups = ups[1:]   # the one task whose whole list it is mapped over: its item is
+            #                 an argument (over a fan-out, its own upstream child is an input)
+        for up in ups:
             now, was = _upstream_hashes(self.view, up), _upstream_hashes(base, up)
             for key in sorted(now.keys() | was.keys(), key=lambda k: (k not in now, k)):
                 if now.get(key) != was.get(key):

@@ -118,15 +118,16 @@ def test_a_mapped_task_s_lineage_names_the_list_it_was_mapped_over(project) -> N
     edges = graphs.graph(open_ledger(ledger).get_run(rid))["edges"]
     assert {"from": "fetch", "to": "square[2]"} in edges
 
-    # the list changed: the children whose item changed name it as their changed input
+    # the list changed: a child whose item changed ran for its item (an argument), not for
+    # an input every child reads (square[0] kept its item and was reused)
     second = _run(env, flow, ledger, "-p", "n=3", "-p", "scale=2")
     res = _cli(env, "explain", second["run_id"], "--store", ledger, "--json")
     assert res.returncode == 0, res.stderr
     by = {t["key"]: t for t in json.loads(res.stdout)["tasks"]}
     assert by["square[0]"]["reason"] == "cached"            # its item {id 0, v 0} is the same
-    assert by["square[1]"]["reason"] == "input"
-    assert list(by["square[1]"]["changes"]["inputs"]) == ["fetch"]
-    assert "an input changed: fetch " in by["square[1]"]["detail"]
+    assert by["square[1]"]["reason"] == "argument"
+    assert by["square[1]"]["detail"] == "ran: a parameter changed: scale 1 -> 2"
+    assert by["total"]["reason"] == "input"                  # it reads the children
 
 
 def test_a_run_recorded_without_the_edge_still_resumes(project) -> None:
