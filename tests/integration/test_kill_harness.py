@@ -54,12 +54,14 @@ def _more(tally: Tally, case: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def board(request: pytest.FixtureRequest) -> Iterator[list[Tally]]:
-    """Collects every case's tally; prints the seeds and the totals when the module ends."""
-    tallies: list[Tally] = []
-    yield tallies
+def board(request: pytest.FixtureRequest) -> Iterator[list[tuple[str, Tally]]]:
+    """Collects every case's tally; prints each case's seed and counts and the totals when
+    the module ends."""
+    cases: list[tuple[str, Tally]] = []
+    yield cases
+    tallies = [t for _, t in cases]
     reporter = request.config.pluginmanager.getplugin("terminalreporter")
-    lines = [t.line() for t in tallies]
+    lines = [f"{name}: {t.line()}" for name, t in cases]
     lines.append(f"kill harness total: kill points: {sum(t.kills for t in tallies)}, "
                  f"lost: {sum(len(t.lost) for t in tallies)}, "
                  f"bricked: {sum(len(t.bricked) for t in tallies)}, "
@@ -78,12 +80,12 @@ def board(request: pytest.FixtureRequest) -> Iterator[list[Tally]]:
 
 
 @pytest.fixture
-def tally(board: list[Tally], request: pytest.FixtureRequest,
+def tally(board: list[tuple[str, Tally]], request: pytest.FixtureRequest,
           tmp_path: Path) -> Iterator[Tally]:
     seed, _ = seeded()
     seed = (seed + sum(map(ord, request.node.name))) % (1 << 32)   # one stream per case
     own = Tally(seed)
-    board.append(own)
+    board.append((request.node.name, own))
     yield own
     log = os.environ.get("LEDGERFLOW_KILL_LOG")
     if log:
