@@ -55,3 +55,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for prefix, mark in _MARK_BY_PATH.items():
             if rel.startswith(prefix):
                 item.add_marker(getattr(pytest.mark, mark))
+        if {"page", "browser"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.browser)        # any test that drives Chromium

@@ -40,7 +40,7 @@ DEFAULT_POINTS = 24
 #: machine makes fewer kill points (the counts say how many) instead of timing out
 BUDGET = float(os.environ.get("LEDGERFLOW_KILL_SECONDS", "150"))
 
-pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(BUDGET + 240)]
+pytestmark = [pytest.mark.subprocess, pytest.mark.slow, pytest.mark.timeout(BUDGET + 240)]
 
 
 def _share(case: str) -> int:

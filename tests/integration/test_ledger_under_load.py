@@ -23,7 +23,7 @@ import pytest
 from tests.integration.killing import Project, Tally, journals
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.subprocess
+pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 
 HOG = "import time\nend = time.monotonic() + 300\nwhile time.monotonic() < end: pass\n"
 
