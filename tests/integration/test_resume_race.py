@@ -100,15 +100,20 @@ def _status(run_id: str, store: str, env: dict[str, str]) -> dict:
 def test_of_two_resumes_at_once_one_drives_and_the_other_refuses(tmp_path: Path,
                                                                    round_: int) -> None:
     run_id, store, env = _failed_run(tmp_path)
-    procs = _two_resumes(tmp_path, run_id, store, env)
+    one_drove(tmp_path, run_id, store, env)
+
+
+def one_drove(tmp: Path, run_id: str, store: str, env: dict[str, str]) -> None:
+    """Two resumes of ``run_id`` at once: one drove it to success, the other refused,
+    and each task ran once more at most (the failed first try, then the winner's)."""
+    procs = _two_resumes(tmp, run_id, store, env)
     outs = [p.communicate(timeout=180) for p in procs]
     codes = sorted(p.returncode for p in procs)
     assert codes == [0, 2], outs
     loser = outs[[p.returncode for p in procs].index(2)][1]
     assert any(r in loser for r in REFUSED), loser
     assert f"run {run_id}" in loser.splitlines()[0]
-    side = tmp_path / "side"
-    # the failed first try, then exactly one more: the winner's
+    side = tmp / "side"
     assert len((side / "second.count").read_text().split()) == 2
     assert len((side / "first.count").read_text().split()) == 1
     view = _status(run_id, store, env)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ledgerflow import pipeline, task
-from tests.integration.test_resume_race import FLOW, REFUSED, _status, _two_resumes
+from tests.integration.test_resume_race import FLOW, one_drove
 
 pytestmark = [pytest.mark.postgres, pytest.mark.subprocess]
 
@@ -35,18 +35,7 @@ def _failed_run(tmp: Path, store: str) -> tuple[str, dict[str, str]]:
 def test_of_two_resumes_at_once_one_drives_and_the_other_refuses(
         tmp_path: Path, pg_url: str, round_: int) -> None:
     run_id, env = _failed_run(tmp_path, pg_url)
-    procs = _two_resumes(tmp_path, run_id, pg_url, env)
-    outs = [p.communicate(timeout=180) for p in procs]
-    codes = sorted(p.returncode for p in procs)
-    assert codes == [0, 2], outs
-    loser = outs[[p.returncode for p in procs].index(2)][1]
-    assert any(r in loser for r in REFUSED), loser
-    side = tmp_path / "side"
-    assert len((side / "second.count").read_text().split()) == 2
-    assert len((side / "first.count").read_text().split()) == 1
-    view = _status(run_id, pg_url, env)
-    assert view["state"] == "succeeded"
-    assert {t["key"]: t["attempts"] for t in view["tasks"]} == {"first": 1, "second": 2}
+    one_drove(tmp_path, run_id, pg_url, env)
 
 
 @task

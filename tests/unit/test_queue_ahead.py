@@ -48,12 +48,15 @@ class QueueingExecutor:
                 if self._stop:
                     return
                 job = self._jobs.pop(0)
-            time.sleep(0.01)
-            c = execute(job, lambda: False)
-            with self._lock:
-                self.held -= 1
-            assert self._done is not None
-            self._done(c)
+            self._run(job)
+
+    def _run(self, job: Job) -> None:
+        time.sleep(0.01)
+        c = execute(job, lambda: False)
+        with self._lock:
+            self.held -= 1
+        assert self._done is not None
+        self._done(c)
 
     def cancel(self, job_id: int, *, reason: str) -> None:
         return None
@@ -120,24 +123,14 @@ class TimingExecutor(QueueingExecutor):
         self.pause = pause
         self.late_task = late_task
 
-    def _work(self) -> None:
-        while True:
-            with self._lock:
-                while not self._jobs and not self._stop:
-                    self._wake.wait()
-                if self._stop:
-                    return
-                job = self._jobs.pop(0)
-            time.sleep(self.pause)
-            assert self._done is not None
-            if job.task_name == self.late_task and job.attempt == 1:
-                self._done(Completion(job.id, "timeout", error_type="TaskTimedOut",
-                                      error_message="no result within its timeout",
-                                      has_value=False))
-            c = execute(job, lambda: False)
-            with self._lock:
-                self.held -= 1
-            self._done(c)
+    def _run(self, job: Job) -> None:
+        time.sleep(self.pause)
+        assert self._done is not None
+        if job.task_name == self.late_task and job.attempt == 1:
+            self._done(Completion(job.id, "timeout", error_type="TaskTimedOut",
+                                  error_message="no result within its timeout",
+                                  has_value=False))
+        super()._run(job)
 
 
 @task(timeout=0.3, retries=1)
