@@ -252,6 +252,20 @@ def test_cancel_of_a_waiting_run_nobody_drives_ends_it(flow: Path, tmp_path: Pat
     assert res.returncode == 2 and "already ended cancelled" in res.stderr
 
 
+def test_cancel_of_a_waiting_run_whose_pipeline_is_gone_is_refused(flow: Path,
+                                                                   tmp_path: Path) -> None:
+    ledger = str(tmp_path / "l.duckdb")
+    run_id = _run_json(flow, "gated", ledger)["run_id"]
+    flow.unlink()                           # nothing can take the run over to cancel it
+    res = _cli("cancel", run_id, "--store", ledger)
+    assert res.returncode == 2 and res.stdout == ""
+    error, hint = _said(res)
+    assert f"run {run_id} has no driver and cannot be taken over to cancel it" in error
+    assert hint
+    doc = json.loads(_cli("status", run_id, "--store", ledger, "--json").stdout)
+    assert doc["state"] == "waiting"        # the ledger is untouched
+
+
 def test_cancel_of_a_run_whose_driver_died_ends_it(flow: Path, tmp_path: Path) -> None:
     ledger = str(tmp_path / "l.duckdb")
     proc = subprocess.Popen([sys.executable, "-m", "ledgerflow", "run", f"{flow}:naps",

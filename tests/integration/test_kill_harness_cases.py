@@ -19,7 +19,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import duckdb
@@ -27,6 +26,7 @@ import pytest
 
 from ledgerflow import control as api
 from ledgerflow.errors import NotResumableError
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.subprocess
 
@@ -168,9 +168,8 @@ def test_a_driver_that_cannot_fold_at_its_end_says_the_tables_are_behind(
         done = _cli(env, store, "resume", run_id)
     finally:
         (side / "go").write_text("")
-    deadline = time.monotonic() + 60
-    while not (side / "released").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until((side / "released").exists, timeout=60, what="the holder to let go",
+               every=0.05)
     assert done.returncode == 0, done.stderr
     assert "pipeline fold" in done.stderr and "behind" in done.stderr, done.stderr
     con = duckdb.connect(store, read_only=True)
@@ -202,10 +201,12 @@ def test_a_resume_from_a_read_made_while_another_driver_drove_to_the_end_is_refu
                               store], env={**env, "WAIT": "1"}, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while len((side / "second.count").read_text().split()) < 2:    # it drives `second`
-            assert other.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
+        def driving_second() -> bool:       # the other resume is alive and runs `second`
+            assert other.poll() is None, "the other resume ended before it drove `second`"
+            return len((side / "second.count").read_text().split()) >= 2
+
+        wait_until(driving_second, timeout=120, what="the other resume driving `second`",
+                   every=0.05)
         read_while = api.open_ledger(store).get_run(run_id)
         assert read_while.state == "running" and read_while.driver_alive is True
     finally:
