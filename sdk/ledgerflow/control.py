@@ -18,6 +18,7 @@ from . import deciding, gates
 from ._gc import quiet_gc
 from .edits import approvals_with_edits
 from .errors import InputError, NotResumableError, RunEndedError
+from .frontier import read_upstreams
 from .launch import (
     Run,
     StoreArg,
@@ -39,7 +40,7 @@ from .loading import abs_target, load_module, load_target, pipelines_in
 from .pipeline import Pipeline
 from .resume import Action, decide
 from .states import RUN_TERMINAL, RunState, TaskState
-from .store import RunStore, reading, summarize, unsettled
+from .store import RunStore, frontier, reading, summarize, unsettled
 from .store import fold as fold_now
 from .views import RunView, output_from_json
 
@@ -137,14 +138,19 @@ def resume(run_id: str, *, store: StoreArg = None, executor: object = None,
     st = store_for(settings, store)
     st.recover()        # what killed drivers left reaches the tables (and the cache)
     with reading(st):   # one connection: the run, its pipeline's admission, the cache
-        if view is None or view.run_id != run_id or not view.tasks:
-            with quiet_gc():    # its rows are the runner's prior rows (see continue_run)
-                view = st.get_run(run_id, upstream=False)
+        if view is None or view.run_id != run_id or not (view.tasks or view.settled):
+            # its rows are the runner's prior rows (see continue_run); a frontier read
+            # leaves out the successes the resume keeps (ledgerflow.frontier)
+            view = frontier(st, run_id)
+            if view is None:
+                with quiet_gc():
+                    view = st.get_run(run_id, upstream=False)
         if any(t.state == TaskState.WAITING_APPROVAL for t in view.tasks.values()):
             deciding.apply_deadlines(st, run_id)    # a pending request: its task waits
         refuse_resume(view)
         pipe = pipeline or recorded_pipeline(view)
         graph, cache = resume_inputs(pipe, view, st)
+        read_upstreams(view, graph, st)     # the kept results the tasks left need
     return continue_run(pipe, view, st, settings=settings, executor=executor, wait=wait,
                         progress=progress, cancel_event=cancel_event, graph=graph,
                         cache=cache)

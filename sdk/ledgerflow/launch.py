@@ -441,7 +441,7 @@ def continue_run(pipe: Pipeline[..., Any], view: RunView, st: RunStore, *,
     lease: Lease = st.take_over(view.run_id)
     # ``view`` is the prior only if no other driver took the run over since it was read
     # (the lease's token comes right after the view's): else it may predate a whole drive
-    settled = bool(view.tasks) and lease.token == view.token + 1 and (
+    settled = bool(view.tasks or view.settled) and lease.token == view.token + 1 and (
         view.driver_alive is False or view.state in RUN_TERMINAL)
     if settled:
         prior = view

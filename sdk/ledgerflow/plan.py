@@ -375,9 +375,11 @@ def _fill(value: Any, plan: Plan, resolve: Resolver) -> Any:
     return value
 
 
-def resolver(plan: Plan, read_blob: Callable[[str, str | None, str | None], Any]) -> Resolver:
+def resolver(plan: Plan, read_blob: Callable[[str, str | None, str | None], Any],
+             unread: Callable[[list[Instance]], bool] | None = None) -> Resolver:
     """The function that gives a task's (or a fan-out's) result value to its dependents:
-    kept in memory, decoded from what the attempt reported, or read from the store."""
+    kept in memory, decoded from what the attempt reported, or read from the store
+    (``unread``: reads the row of a success a frontier resume restored without it)."""
     from .errors import PipelineError
     from .results import decode
 
@@ -391,6 +393,8 @@ def resolver(plan: Plan, read_blob: Callable[[str, str | None, str | None], Any]
         elif thing.ref is not None:
             kind, data, uri = thing.ref
             value = read_blob(kind, data, uri)
+        elif unread is not None and unread([thing]):
+            return resolve(thing)
         else:
             raise PipelineError(f"result of task {thing.key!r} is not available",
                                 hint="resume the run so the task runs again")

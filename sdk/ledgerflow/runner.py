@@ -33,6 +33,7 @@ from .errors import InvalidTransitionError
 from .executor import Completion, Executor, Job, execute, not_started, queue_ahead, runs_in_driver
 from .executor import inline_when_alone as _inline_when_alone
 from .executor import timeout_from_start as _from_start
+from .frontier import unread_of
 from .gates import Gates, Pass, Refuse, Verdict, Wait
 from .graph import Graph
 from .inflight import Jobs, Timers
@@ -65,12 +66,8 @@ class Runner:
                  settings: Settings, run_id: str, prior: RunView | None = None,
                  cache: Mapping[str, CacheHit] | None = None, observers: Observers | None = None,
                  cancel_event: threading.Event | None = None) -> None:
-        self.graph = graph
-        self.store = store
-        self.executor = executor
-        self.settings = settings
-        self.run_id = run_id
-        self.prior = prior
+        self.graph, self.store, self.executor = graph, store, executor
+        self.settings, self.run_id, self.prior = settings, run_id, prior
         self.cache = Cache(cache if cache is not None else {}, store)
         self.observers = observers if observers is not None else Observers()
         #: the write side: the one transition applier and the group commit
@@ -84,7 +81,10 @@ class Runner:
         #: a cancel request (here or from any process), or a lease this driver lost
         self._cancel_seen = partial(j.stop_seen, self.cancel_event)
         self.plan = Plan(graph)
-        self._resolve = resolver(self.plan, store.read_blob)
+        #: a frontier resume's kept successes, their rows read when a task needs them
+        self.unread = unread_of(prior, store, lambda i, row: j.restore(i, row, self.run_folder))
+        self._resolve = resolver(self.plan, store.read_blob,
+                                 self.unread.fill if self.unread else None)
         self.starting: list[Job] = []          # handed to the executor after the commit
         self.ready: deque[Instance] = deque()
         self.inbox: deque[Completion] = deque()
@@ -92,21 +92,17 @@ class Runner:
         self.jobs = Jobs()
         self.running = self.jobs.running        # job id -> task, of attempts in flight
         self.timers = Timers()
-        self.cancelling = False
-        self.cancel_reason = ""
+        self.cancelling, self.cancel_reason = False, ""
         self.cancel_deadline: float | None = None
-        self.failed_tasks = 0
-        self.cancelled_tasks = 0
-        self.rand = random.Random()
-        self.next_poll = 0.0
+        self.failed_tasks = self.cancelled_tasks = 0
+        self.rand, self.next_poll = random.Random(), 0.0
         self._driver = threading.get_ident()
         self.in_driver = runs_in_driver(executor)
         self.workers = 1 if self.in_driver else settings.workers
         self.window = self.workers      # with the executor's queue_ahead (set by drive)
         self.inline_when_alone = _inline_when_alone(executor)
         self.own_timers = not _from_start(executor)  # else the executor times jobs
-        self.echo = settings.logs
-        self.wait_approvals = settings.wait_approvals
+        self.echo, self.wait_approvals = settings.logs, settings.wait_approvals
         self.gates = Gates(run_id)  # approval gates: what they decide, the runner applies
         folders: tuple[str | None, str | None] = worker_folders(store, run_id) or (None, None)
         self.ledger_folder, self.run_folder = folders
@@ -150,6 +146,9 @@ class Runner:
                 self._flush()
             row = prior.get(inst.key)
             if row is None:
+                if self.unread is not None and self.unread.adopt(inst):
+                    restored.append(inst)       # kept by a frontier resume
+                    continue
                 self.j.create_task(inst, now)
             else:
                 self.j.restore(inst, row, self.run_folder)
@@ -269,6 +268,8 @@ class Runner:
         """A cache hit, or an attempt moved to ``running`` and queued for the commit."""
         node = inst.node
         opts = node.task.options
+        if self.unread is not None and self.unread.insts:
+            self.unread.fill_for(inst, self.ready)      # its upstreams' rows, one read
         try:
             args, kwargs = self.plan.arguments(inst, self._resolve)
         except Exception as exc:
@@ -420,7 +421,8 @@ class Runner:
         target = move.target
         if target == _SUCCEEDED:
             assert c is not None
-            self._succeed(inst, c)
+            self.j.succeed(inst, c)
+            self._unlock(inst)
         elif target == _RETRY_WAIT:
             assert move.retry_in is not None
             self._move(inst, _RETRY_WAIT, move.reason)
@@ -440,10 +442,6 @@ class Runner:
             else:
                 self.cancelled_tasks += 1
             self.plan.failed(inst)
-
-    def _succeed(self, inst: Instance, c: Completion) -> None:
-        self.j.succeed(inst, c)
-        self._unlock(inst)
 
     def _unlock(self, inst: Instance) -> None:
         """Release what waited for ``inst`` (it starts only after the next commit)."""

@@ -18,7 +18,7 @@ What is here, by the contract it belongs to:
   :func:`execute` (run one attempt where you are), :class:`Carrier`.
 * stores: :class:`RunStore` (the protocol), :class:`Lease`, :class:`CacheHit`,
   the optional capabilities :func:`reading`, :func:`summarize`, :func:`unsettled`,
-  :func:`fold`, :func:`lease_probe`, :func:`worker_folders`; the shared read side
+  :func:`frontier`, :func:`task_rows`, :func:`fold`, :func:`lease_probe`, :func:`worker_folders`; the shared read side
   :class:`RecordReads` (inherit it and supply its primitives), :func:`matching`,
   :class:`CacheSQL`; result files :class:`Blobs` and :class:`Encoded`.
 * records and views: the journal's typed records (:class:`Record` and its kinds,
@@ -108,9 +108,11 @@ from .store import (
     Lease,
     RunStore,
     fold,
+    frontier,
     lease_probe,
     reading,
     summarize,
+    task_rows,
     unsettled,
     worker_folders,
 )
@@ -129,9 +131,9 @@ __all__ = [
     "StoreLockedError", "Takeover", "TaskCreated", "TaskGroup", "TaskNotFoundError",
     "TaskRow", "TaskState", "ToolCall", "Transition",
     "apply", "code_version", "columns", "decode_line", "digest", "encode_line", "errors",
-    "execute", "field_types", "fold", "get_plugin_manager", "guard", "hookimpl",  # noqa: F822
+    "execute", "field_types", "fold", "frontier", "get_plugin_manager", "guard", "hookimpl",  # noqa: F822
     "lease_probe", "matching", "pid_alive", "proc_start", "reading", "summarize",
-    "unsettled", "worker_folders",
+    "task_rows", "unsettled", "worker_folders",
 ]
 
 

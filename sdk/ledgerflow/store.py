@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from .records import Record
 from .results import Encoded
-from .views import RunView
+from .views import RunView, TaskRow
 
 #: A cache-index entry: (run_id, task_key, content hash, kind, data, uri, size).
 CacheHit = tuple[str, str, str, str, "str | None", "str | None", int]
@@ -206,6 +206,25 @@ def unsettled(store: object, run_id: str) -> tuple[RunView, int] | None:
     out (its optional ``unsettled``); None when every row must be read."""
     method = getattr(store, "unsettled", None)
     return None if method is None else method(run_id)
+
+
+def frontier(store: object, run_id: str) -> RunView | None:
+    """The run as a resume first reads it, where the store can (its optional
+    ``frontier``): the rows of the tasks the resume may change, and in
+    ``RunView.settled`` only the keys of the successes it keeps, whose rows
+    :func:`task_rows` reads when a task that runs needs them. None: read every row."""
+    method = getattr(store, "frontier", None)
+    return None if method is None else method(run_id)
+
+
+def task_rows(store: object, run_id: str, keys: list[str]) -> dict[str, TaskRow]:
+    """The rows of the run's tasks ``keys`` (its optional ``task_rows``, else from a
+    full read), for the successes a :func:`frontier` read left out."""
+    method = getattr(store, "task_rows", None)
+    if method is not None:
+        return method(run_id, keys)
+    tasks = store.get_run(run_id, upstream=False).tasks  # type: ignore[attr-defined]
+    return {k: tasks[k] for k in keys if k in tasks}
 
 
 def fold(store: object) -> list[str] | None:

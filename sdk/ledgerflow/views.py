@@ -115,6 +115,9 @@ class RunView:
     #: and the earliest task that failed by itself.
     groups: list[TaskGroup] | None = None
     first_failure: TaskRow | None = None
+    #: Set by a frontier read (a resume): the successes it keeps, whose rows are not
+    #: in ``tasks`` (:func:`ledgerflow.store.frontier`).
+    settled: frozenset[str] = frozenset()
 
     def __repr__(self) -> str:
         counts = ", ".join(f"{n} {state}" for state, n in sorted(self.counts().items()))
@@ -134,6 +137,9 @@ class RunView:
         out: dict[str, int] = {}
         for row in self.tasks.values():
             out[row.state] = out.get(row.state, 0) + 1
+        if self.settled:
+            done = TaskState.SUCCEEDED.value
+            out[done] = out.get(done, 0) + len(self.settled)
         return out
 
     def root_causes(self) -> list[TaskRow]:

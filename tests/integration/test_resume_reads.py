@@ -44,8 +44,8 @@ def eight(n: int = 17):
     return b(first), left, [c(x) for x in left[:2]], c(b(first))
 """
 
-COUNTED = ("__init__", "get_run", "_tail", "approvals", "approval_decisions", "steps",
-           "cache_lookup", "recover", "take_over")
+COUNTED = ("__init__", "get_run", "frontier", "task_rows", "_tail", "approvals",
+           "approval_decisions", "steps", "cache_lookup", "recover", "take_over")
 
 
 @pytest.fixture
@@ -104,8 +104,11 @@ def test_resume_reads_the_run_once_and_opens_the_ledger_a_few_times(
     assert "resuming" in out and "succeeded" in out
     seen = sorted(counts.items())
     assert counts["__init__"] == 1, seen        # one store object (2 before)
-    # the run before the takeover (its rows are the prior rows) and the closing table
-    assert counts["get_run"] == 2, seen         # 4 before
+    # the run before the takeover (a frontier read: its rows are the prior rows, the
+    # successes kept by key only) and the closing table
+    assert counts["frontier"] == 1 and counts["get_run"] == 1, seen   # get_run 4 before
+    # the kept successes whose results b and the c after it need: one read
+    assert counts["task_rows"] == 1, seen
     # read: the run + its pipeline's cache; write: the takeover; read: the runner's
     # signals; write: the fold at release; read: the closing table (8 before)
     assert counts["open read"] + counts["open write"] <= 5, seen

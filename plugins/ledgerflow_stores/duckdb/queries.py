@@ -50,6 +50,19 @@ def load_run(con: Any, run_id: str, *, tasks: bool = True, upstream: bool = True
                    max_seq=max_seq or 0, driver_pid=pid, driver_host=host)
     if not tasks:
         return view
+    view.tasks.update(_task_rows(con, run_id, f"AND NOT ({SETTLED}) " if unsettled else "",
+                                 upstream=upstream))
+    return view
+
+
+def task_rows(con: Any, run_id: str, keys: list[str]) -> dict[str, TaskRow]:
+    """The rows of the run's tasks ``keys`` (those the tables hold), without upstreams."""
+    return _task_rows(con, run_id, "AND task_key IN (SELECT unnest(?::VARCHAR[])) ",
+                      [keys], upstream=False)
+
+
+def _task_rows(con: Any, run_id: str, where: str, args: list[Any] | None = None, *,
+               upstream: bool) -> dict[str, TaskRow]:
     # upstream lists are the costliest column to turn into Python: only lineage needs them
     ups = "coalesce(upstream, [])" if upstream else "[]::VARCHAR[]"
     # the columns in TaskRow's order, NULLs already replaced: a row is TaskRow(*row)
@@ -58,10 +71,15 @@ def load_run(con: Any, run_id: str, *, tasks: bool = True, upstream: bool = True
         "coalesce(attempts, 0), coalesce(budget_base, 0), started_at, ended_at, error, "
         "fingerprint, result_hash, result_kind, result_data, result_uri, "
         "coalesce(result_size, 0), cached_from, coalesce(result_attempt, 0) "
-        "FROM tasks WHERE run_id = ? " + (f"AND NOT ({SETTLED}) " if unsettled else "")
-        + "ORDER BY rowid", [run_id]).fetchall()
-    view.tasks.update(zip([r[0] for r in rows], starmap(TaskRow, rows), strict=True))
-    return view
+        f"FROM tasks WHERE run_id = ? {where}ORDER BY rowid", [run_id, *(args or [])]
+    ).fetchall()
+    return dict(zip([r[0] for r in rows], starmap(TaskRow, rows), strict=True))
+
+
+def settled_keys(con: Any, run_id: str) -> frozenset[str]:
+    """The keys of the run's :data:`SETTLED` tasks (a frontier resume keeps them)."""
+    return frozenset([k for (k,) in con.execute(
+        f"SELECT task_key FROM tasks WHERE run_id = ? AND {SETTLED}", [run_id]).fetchall()])
 
 
 def summarize(con: Any, view: RunView, min_tasks: int) -> RunView | None:

@@ -40,7 +40,7 @@ from ledgerflow.projection import apply
 from ledgerflow.records import RUN_KINDS, AnyRecord, Record, RunDefined, Takeover
 from ledgerflow.states import RUN_ACTIVE, RunState, TaskState
 from ledgerflow.store import CacheHit, Lease
-from ledgerflow.views import RunView
+from ledgerflow.views import RunView, TaskRow
 
 from . import doctor, queries
 from .batch import RUN_TERMINAL_VALUES
@@ -337,6 +337,24 @@ class DuckDBStore(RecordReads):
             return view, int(con.execute(f"SELECT count(*) FROM tasks WHERE run_id = ? "
                                          f"AND {queries.SETTLED}", [run_id]).fetchone()[0])
         return self._from_tables(run_id, count_settled, upstream=False, unsettled=True)
+
+    def frontier(self, run_id: str) -> RunView | None:
+        """The run as a resume first reads it: the rows of the tasks it may change, and
+        only the keys of the successes it keeps (``RunView.settled``; their rows are
+        read by :meth:`task_rows` when a task that runs needs them). None when only a
+        full read answers right."""
+        def keys(con: Any, view: RunView) -> RunView:
+            view.settled = queries.settled_keys(con, run_id)
+            return view
+        view = self._from_tables(run_id, keys, upstream=False, unsettled=True)
+        if view is not None:    # a read for a takeover, as get_run's (see take_over)
+            self._seen[run_id] = -1 if view.driver_alive else view.token
+        return view
+
+    def task_rows(self, run_id: str, keys: list[str]) -> dict[str, TaskRow]:
+        """The folded rows of the run's tasks ``keys`` (a frontier resume's successes)."""
+        with self.ledger.connect(False) as con:
+            return queries.task_rows(con, run_id, keys)
 
     def _from_tables(self, run_id: str, read: Callable[[Any, RunView], T | None],
                      **load: bool) -> T | None:
