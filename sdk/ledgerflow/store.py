@@ -222,7 +222,8 @@ def task_rows(store: object, run_id: str, keys: list[str]) -> dict[str, TaskRow]
     full read), for the successes a :func:`frontier` read left out."""
     method = getattr(store, "task_rows", None)
     if method is not None:
-        return method(run_id, keys)
+        rows: dict[str, TaskRow] = method(run_id, keys)
+        return rows
     tasks = store.get_run(run_id, upstream=False).tasks  # type: ignore[attr-defined]
     return {k: tasks[k] for k in keys if k in tasks}
 
