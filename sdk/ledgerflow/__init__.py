@@ -12,7 +12,6 @@ Example:
 from __future__ import annotations
 
 import typing as _typing
-from importlib import metadata as _metadata
 
 from .approval import Approval
 from .context import RunContext, TaskCancelled, TaskTimedOut, context
@@ -53,17 +52,21 @@ _LAZY = ("program", "Limits")
 
 
 def __getattr__(name: str) -> _typing.Any:
-    """``ledgerflow.program`` (the function) and ``ledgerflow.Limits``, imported when first used."""
+    """``ledgerflow.program`` (the function), ``ledgerflow.Limits`` and ``__version__``,
+    imported when first used."""
     if name in _LAZY:
         from . import programs
         return getattr(programs, name)
+    if name == "__version__":   # importlib.metadata costs ~24 ms: only when asked for
+        from importlib import metadata
+        try:
+            version = metadata.version("ledgerflow")
+        except metadata.PackageNotFoundError:  # pragma: no cover - a source tree
+            version = "0+unknown"
+        globals()["__version__"] = version
+        return version
     raise AttributeError(f"module 'ledgerflow' has no attribute {name!r}")
 
-
-try:
-    __version__ = _metadata.version("ledgerflow")
-except _metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0+unknown"
 
 __all__ = [
     "Approval",

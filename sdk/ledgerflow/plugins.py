@@ -22,13 +22,15 @@ import inspect
 import os
 import threading
 from dataclasses import dataclass, field
-from importlib.metadata import EntryPoint, entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from . import hookspecs
 from .errors import PluginError
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
     ("inline", "ledgerflow_executors.inline"),
@@ -250,6 +252,7 @@ def _build() -> PluginManager:
     autoload = not os.environ.get("LEDGERFLOW_DISABLE_PLUGIN_AUTOLOAD")
     seen: set[str] = set()
     if autoload:
+        from importlib.metadata import entry_points  # ~15 ms: when plugins are first asked
         for ep in entry_points(group="ledgerflow"):
             if ep.name in seen or pm.has_plugin(ep.name):
                 continue
