@@ -259,6 +259,12 @@ def _cli(*argv: str) -> float:
     return since(t)
 
 
+def _bare() -> float:
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "pass"], check=True, env=_env())
+    return since(t)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="1k and 10k tasks only")
@@ -321,6 +327,17 @@ def main() -> None:
                         baseline=f"Hamilton {shape} {n}" if h else "", base=h,
                         target=f"<= {limit}x" if h else "-")
                 seconds.setdefault(f"{shape} duckdb {executor}", []).append((n, us * n / 1e6))
+    # the floor of a durable trivial task (tests/perf/floor.py), and the distance to it
+    from tests.perf.floor import floor_us
+    for n in sizes:
+        for shape in ("chain", "fan-out"):
+            fl = _median([floor_us(shape, n) for _ in range(repeat)])
+            tab.add(f"floor {shape} {n} (durable, first principles), per task", fl, "us",
+                    baseline=f"Hamilton {shape} {n}" if ham.get((shape, n)) else "",
+                    base=ham.get((shape, n)))
+            tab.add(f"duckdb inline {shape} {n}: distance to the floor",
+                    per["duckdb inline", shape, n], "us", baseline=f"floor {shape} {n}",
+                    base=fl, target="<= 3x")
     # fixed costs: a 1,000-task run against the 10k per-task figure
     for key in sorted(k for k in per if k[2] == 1_000):
         name, shape, _ = key
@@ -361,13 +378,18 @@ def main() -> None:
     # warm-up, untimed: the CLI and every plugin imported once (bytecode written)
     subprocess.run([sys.executable, "-m", "ledgerflow", "plugins"], check=True, env=_env(),
                    stdout=subprocess.DEVNULL)
+    bare = _median([_bare() for _ in range(3)])
+    target = f"{Path(__file__).resolve()}:chain"
+    one = _median([_cli("run", target, "-p", "n=1", "-p", f"salt={next_salt()}", "--store",
+                        str(tmp / "one.duckdb"), "--executor", "inline") for _ in range(3)])
     t = time.perf_counter()
     ledgerflow.get_run(run_id, store=store).status()
     tab.add(f"status of a {n}-task run (in process)", since(t), "s",
             target="< 0.5" if n >= 100_000 else "-")
     tab.add(f"pipeline status, {n}-task run (whole process)",
-            _cli("status", run_id, "--store", store), "s",
-            target="< 0.5" if n >= 100_000 else "-")
+            _median([_cli("status", run_id, "--store", store) for _ in range(3)]), "s",
+            baseline=f"python -c pass ({bare:.3f} s)", base=bare, diff=True,
+            target="<= +0.2 s")
     _fail_last(store, run_id)
     t = time.perf_counter()
     ledgerflow.plan_resume(run_id, store=store)
@@ -375,10 +397,10 @@ def main() -> None:
             baseline=f"its run ({run_s:.2f} s)", base=run_s)
     tab.add(f"pipeline resume --plan, {n}-task run, one left",
             _cli("resume", run_id, "--plan", "--store", store), "s",
-            baseline=f"its run ({run_s:.2f} s)", base=run_s)
+            baseline=f"a 1-task pipeline run ({one:.2f} s)", base=one, target="<= 1.2x")
     tab.add(f"pipeline resume, {n}-task run, one left",
             _cli("resume", run_id, "--store", store, "--executor", "inline"), "s",
-            baseline=f"its run ({run_s:.2f} s)", base=run_s)
+            baseline=f"a 1-task pipeline run ({one:.2f} s)", base=one, target="<= 1.2x")
     if args.million:
         _million(tab, tmp, per, base)
     # graph building
@@ -389,12 +411,8 @@ def main() -> None:
                 target="< 1" if m == 100_000 else "-")
     # start-up
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "pass"], check=True, env=_env())
-    bare = since(t)
-    t = time.perf_counter()
     subprocess.run([sys.executable, "-c", "import ledgerflow"], check=True, env=_env())
     tab.add("import ledgerflow (process)", since(t), "s", target="< 0.3")
-    target = f"{Path(__file__).resolve()}:chain"
     startup = _median([_cli("run", target, "-p", "n=100", "-p", f"salt={next_salt()}",
                             "--store", str(tmp / "startup.duckdb"), "--json")
                        for _ in range(3)])
