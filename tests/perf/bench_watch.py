@@ -25,13 +25,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "plugins")]
 
+import duckdb  # noqa: E402
+
 from tests.watch.helpers import DOC_INDEX, Watcher  # noqa: E402
 
 CORPUS = ROOT / "recipes" / "doc_index" / "corpus"
 
 
-def one(embedder: str, debounce: str, rounds: int) -> tuple[list[float], list[float]]:
-    """(save-to-searchable seconds, run seconds) of ``rounds`` edits."""
+def one(embedder: str, debounce: str, rounds: int) -> tuple[list[float], list[float], float]:
+    """(save-to-searchable seconds, run seconds) of ``rounds`` edits, and the seconds of
+    the catch-up run (the whole corpus)."""
     from ledgerflow_docindex.search import search
 
     folder = Path(tempfile.mkdtemp(prefix="lf-bench-watch-"))
@@ -46,6 +49,10 @@ def one(embedder: str, debounce: str, rounds: int) -> tuple[list[float], list[fl
     try:
         first = w.next_end(timeout=600)
         assert first["state"] == "succeeded", first
+        with duckdb.connect(str(index), read_only=True) as con:   # the embedder asked for
+            names = {str(v) for row in con.execute("SELECT * FROM meta").fetchall()
+                     for v in row}
+        assert any(embedder in n for n in names), (embedder, names)
         for _ in range(rounds):
             word = "zq" + uuid.uuid4().hex[:10]
             time.sleep(1.0)                         # apart from the previous run
@@ -65,7 +72,7 @@ def one(embedder: str, debounce: str, rounds: int) -> tuple[list[float], list[fl
     finally:
         w.stop()
         shutil.rmtree(folder, ignore_errors=True)
-    return latencies, runs
+    return latencies, runs, float(first.get("seconds") or 0.0)
 
 
 def main() -> None:
@@ -79,12 +86,13 @@ def main() -> None:
           f"{sum(1 for p in CORPUS.rglob('*') if p.is_file())} files", flush=True)
     for embedder in args.embedders:
         for debounce in args.debounce:
-            lat, runs = one(embedder, debounce, args.rounds)
+            lat, runs, catch_up = one(embedder, debounce, args.rounds)
             run_part = (f"; run {statistics.median(runs):.2f} s median" if any(runs)
                         else "")
             print(f"{embedder:<8} debounce {debounce:<5} save-to-searchable "
                   f"{min(lat):.2f} / {statistics.median(lat):.2f} / {max(lat):.2f} s "
-                  f"(min / median / max of {len(lat)}){run_part}", flush=True)
+                  f"(min / median / max of {len(lat)}){run_part}; catch-up run "
+                  f"{catch_up:.1f} s", flush=True)
 
 
 if __name__ == "__main__":
