@@ -184,7 +184,7 @@ class Runner:
         self.executor.start(workers=self.workers, on_complete=self._on_complete)
         with quiet_gc():
             try:
-                if self.prior is not None:
+                if self.prior is not None and self.prior.signals is not False:
                     with reading(self.store):   # what a prior drive recorded
                         self.gates.load(self.store, self.run_id)
                         self.steps.load(self.store.steps(self.run_id))

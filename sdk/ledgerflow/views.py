@@ -118,6 +118,9 @@ class RunView:
     #: Set by a frontier read (a resume): the successes it keeps, whose rows are not
     #: in ``tasks`` (:func:`ledgerflow.store.frontier`).
     settled: frozenset[str] = frozenset()
+    #: Set by a frontier read: whether the run recorded approval requests or steps (a
+    #: resume reads them only then); None when not known.
+    signals: bool | None = None
 
     def __repr__(self) -> str:
         counts = ", ".join(f"{n} {state}" for state, n in sorted(self.counts().items()))

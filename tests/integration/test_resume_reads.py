@@ -116,8 +116,6 @@ def test_resume_reads_the_run_once_and_opens_the_ledger_a_few_times(
     assert counts["_tail"] <= 6, seen           # 10 before
 
 
-@pytest.mark.xfail(strict=True, reason="Runner._load_signals (runner.py) reads approvals, "
-                   "decisions and steps for every resume, gates or not")
 def test_resume_of_a_pipeline_without_gates_or_steps_reads_none_of_them(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         counts: collections.Counter[str], capsys: pytest.CaptureFixture[str]) -> None:

@@ -75,6 +75,19 @@ def elementwise(n: int = 8):
     return total(flaky.map(inc.map(numbers(n))))
 
 
+@task
+def stepped(x: int) -> int:
+    got = ledgerflow.context().step("fetch", lambda: _count("fetch") or x + 1)
+    if not os.path.exists(os.environ["FRONTIER_FLAG"]):
+        raise ValueError("not yet")
+    return got * 10
+
+
+@pipeline
+def with_step():
+    return stepped(inc(0))
+
+
 @pytest.fixture
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     monkeypatch.setenv("FRONTIER_LOG", str(tmp_path / "ran.log"))
@@ -170,3 +183,16 @@ def test_the_kept_children_a_fan_out_over_a_fan_out_needs_are_read_in_one_batch(
     assert sorted(env["asked"][1]) == sorted(k for k in _rows(store, run_id)
                                              if k.startswith("inc")), env["asked"]
     assert len(env["asked"]) == 2, env["asked"]
+
+
+def test_a_resume_reads_approvals_and_steps_only_when_the_run_recorded_some(
+        tmp_path: Path, env: dict[str, Any]) -> None:
+    plain, stepping = str(tmp_path / "plain.duckdb"), str(tmp_path / "step.duckdb")
+    plain_id = _failed(chain, plain, env)
+    env["flag"].unlink()
+    step_id = _failed(with_step, stepping, env)
+    assert DuckDBStore(plain).frontier(plain_id).signals is False   # type: ignore[union-attr]
+    assert DuckDBStore(stepping).frontier(step_id).signals is True  # type: ignore[union-attr]
+    run = ledgerflow.resume(step_id, store=stepping, executor="inline")
+    assert run.result() == 20
+    assert _ran(tmp_path).count("fetch") == 1       # the step came back, not made again

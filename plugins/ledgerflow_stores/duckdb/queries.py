@@ -76,6 +76,14 @@ def _task_rows(con: Any, run_id: str, where: str, args: list[Any] | None = None,
     return dict(zip([r[0] for r in rows], starmap(TaskRow, rows), strict=True))
 
 
+def has_signals(con: Any, run_id: str) -> bool:
+    """True if the run's tables hold an approval request or a step (a decision needs a
+    request: without either, a resume has no gate or step to load)."""
+    return bool(con.execute(
+        "SELECT EXISTS (SELECT 1 FROM approval_requests WHERE run_id = $1) "
+        "OR EXISTS (SELECT 1 FROM steps WHERE run_id = $1)", [run_id]).fetchone()[0])
+
+
 def settled_keys(con: Any, run_id: str) -> frozenset[str]:
     """The keys of the run's :data:`SETTLED` tasks (a frontier resume keeps them)."""
     return frozenset([k for (k,) in con.execute(

@@ -345,6 +345,7 @@ class DuckDBStore(RecordReads):
         full read answers right."""
         def keys(con: Any, view: RunView) -> RunView:
             view.settled = queries.settled_keys(con, run_id)
+            view.signals = queries.has_signals(con, run_id)
             return view
         view = self._from_tables(run_id, keys, upstream=False, unsettled=True)
         if view is not None:    # a read for a takeover, as get_run's (see take_over)
