@@ -296,8 +296,10 @@ def test_a_frozen_driver_finds_its_token_stale_and_exits_without_writing(
 
 def _worker(url: str, tmp_path: Path, name: str, side: Path) -> subprocess.Popen[str]:
     with open(tmp_path / f"{name}.log", "w") as log:     # the child keeps its own copy
+        # no --exit-idle: on a loaded machine the idle worker would be gone before the
+        # kill it must take over from (the test stops it with SIGTERM at its end)
         return subprocess.Popen([*CLI, "worker", "--store", url, "--poll", "0.2",
-                                 "--exit-idle", "4", "--workers", "2"],
+                                 "--workers", "2"],
                                 stdout=log, stderr=subprocess.STDOUT, text=True,
                                 env=env_for(tmp_path, SIDE_EFFECTS=str(side), STEP="0.15",
                                             LEDGERFLOW_LEASE_TTL="2"))
@@ -367,5 +369,6 @@ def test_two_workers_drive_each_submitted_run_once_and_take_over_a_killed_one(
     assert {p for w, _, p in ran} == {victim_pid, survivor.pid}
     out = (tmp_path / ("w1.log" if survivor is workers[0] else "w2.log")).read_text()
     assert f"run {long_id} claimed (token 3)" in out, out
-    survivor.wait(60)       # --exit-idle: it ends once nothing is left
+    survivor.send_signal(signal.SIGTERM)     # stop claiming; nothing is being driven
+    survivor.wait(60)
     assert survivor.returncode == 0
