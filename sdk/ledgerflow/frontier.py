@@ -48,9 +48,8 @@ class Unread:
         self.insts[inst.key] = inst
         return True
 
-    def fill(self, things: Iterable[Instance | FanOut]) -> bool:
-        """Read the rows of the unread successes among ``things`` (a fan-out: its
-        children) and restore them; True if any was read."""
+    def _unread(self, things: Iterable[Instance | FanOut]) -> list[str]:
+        """The keys of the unread successes among ``things`` (a fan-out: its children)."""
         pending = self.insts
         need: list[str] = []
         for t in things:
@@ -58,8 +57,15 @@ class Unread:
                 need += [c.key for c in t.children if c.key in pending]
             elif t.key in pending:
                 need.append(t.key)
+        return need
+
+    def fill(self, things: Iterable[Instance | FanOut]) -> bool:
+        """Read the rows of the unread successes among ``things`` (a fan-out: its
+        children) and restore them; True if any was read."""
+        need = self._unread(things)
         if not need:
             return False
+        pending = self.insts
         rows = self.fetch(sorted(set(need)))
         for key, row in rows.items():
             inst = pending.pop(key, None)
@@ -68,8 +74,11 @@ class Unread:
         return bool(rows)
 
     def fill_for(self, inst: Instance, ready: Iterable[Instance]) -> None:
-        """Before ``inst`` runs: read what it and the other ready tasks need."""
-        self.fill([u for i in (inst, *ready) for u in i.up])
+        """Before ``inst`` runs: if it needs an unread row, read what it and the other
+        ready tasks need, in one read (the ready tasks are scanned only then, so a
+        dispatch whose upstreams are all read costs a look at its own)."""
+        if self._unread(inst.up):
+            self.fill([u for i in (inst, *ready) for u in i.up])
 
 
 def unread_of(prior: RunView | None, store: object,

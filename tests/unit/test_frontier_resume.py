@@ -196,3 +196,23 @@ def test_a_resume_reads_approvals_and_steps_only_when_the_run_recorded_some(
     run = ledgerflow.resume(step_id, store=stepping, executor="inline")
     assert run.result() == 20
     assert _ran(tmp_path).count("fetch") == 1       # the step came back, not made again
+
+
+def test_a_kept_result_outside_a_batch_read_is_read_alone_when_a_task_needs_it(
+        tmp_path: Path, env: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from ledgerflow.frontier import Unread
+
+    lean, full = str(tmp_path / "lean.duckdb"), str(tmp_path / "full.duckdb")
+    lean_id = _failed(elementwise, lean, env)
+    env["flag"].unlink()
+    full_id = _failed(elementwise, full, env)
+    monkeypatch.setattr(Unread, "fill_for", lambda self, inst, ready: None)
+    run = ledgerflow.resume(lean_id, store=lean, executor="inline")
+    with monkeypatch.context() as m:
+        m.setattr(DuckDBStore, "frontier", lambda self, run_id: None)
+        ledgerflow.resume(full_id, store=full, executor="inline")
+    assert run.result() == sum((i + 1) * 10 for i in range(8))
+    # without the batch, the resolver reads each kept child as its task needs it
+    assert env["asked"][0] == ["numbers"] and len(env["asked"]) == 1 + 8, env["asked"]
+    assert all(len(keys) == 1 for keys in env["asked"])
+    assert _rows(lean, lean_id) == _rows(full, full_id)     # hashes filled as well
