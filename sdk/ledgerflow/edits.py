@@ -20,6 +20,7 @@ approvals rows (:func:`approvals_with_edits`) and on the tool calls it is
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
@@ -130,7 +131,6 @@ def _object(schema: Mapping[str, Any], value: dict[str, Any], where: str) -> str
 
 
 def _bounds(schema: Mapping[str, Any], value: object, name: str) -> str:
-    import operator
     checks: list[tuple[str, Callable[[Any, Any], bool]]] = [
         ("minimum", operator.ge), ("maximum", operator.le),
         ("exclusiveMinimum", operator.gt), ("exclusiveMaximum", operator.lt)]

@@ -14,6 +14,7 @@ Prints min / median / max and the run's own share (the rest is the debounce).
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import sys
@@ -81,7 +82,6 @@ def main() -> None:
     ap.add_argument("--debounce", nargs="+", default=["0.5s", "2s"])
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
-    import os
     print(f"load {os.getloadavg()[0]:.1f}; bundled corpus: "
           f"{sum(1 for p in CORPUS.rglob('*') if p.is_file())} files", flush=True)
     for embedder in args.embedders:

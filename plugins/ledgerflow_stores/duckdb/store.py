@@ -313,9 +313,13 @@ class DuckDBStore(RecordReads):
         apply(view, tail)
         view.damage = "; ".join(damage) or None
         view.driver_alive = self.driver_alive(run_id) if view.state in _ACTIVE else False
-        # a read while a driver went on is no ground for a takeover (see take_over)
-        self._seen[run_id] = -1 if view.driver_alive else view.token
+        self._saw(view)
         return view
+
+    def _saw(self, view: RunView) -> None:
+        """Note the token ``view`` was read at: a read while a driver went on is no
+        ground for a takeover (see :meth:`take_over`)."""
+        self._seen[view.run_id] = -1 if view.driver_alive else view.token
 
     def summarize(self, run_id: str, *, min_tasks: int = 500) -> RunView | None:
         """The run with its tasks summed per name and no task rows (see
@@ -348,8 +352,8 @@ class DuckDBStore(RecordReads):
             view.signals = queries.has_signals(con, run_id)
             return view
         view = self._from_tables(run_id, keys, upstream=False, unsettled=True)
-        if view is not None:    # a read for a takeover, as get_run's (see take_over)
-            self._seen[run_id] = -1 if view.driver_alive else view.token
+        if view is not None:    # a read for a takeover, as get_run's
+            self._saw(view)
         return view
 
     def task_rows(self, run_id: str, keys: list[str]) -> dict[str, TaskRow]:
