@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import gzip
 import json
-import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -59,24 +57,21 @@ def _project(tmp_path: Path, **env: str) -> Project:
     return Project(tmp_path, Tally(0), **env)
 
 
-def _status_calls(p: Project, run_id: str, n: int = 50) -> tuple[list, list[str], float]:
-    """``n`` ``status`` calls, ten at a time (the 50 of issue 34, in about the time 20
-    took four at a time); stops early once three were refused."""
+def _status_calls(p: Project, run_id: str, n: int = 50) -> tuple[list, list[str]]:
+    """``n`` ``status`` calls, ten at a time (the 50 of issue 34); stops early once three
+    were refused."""
     answers: list[subprocess.CompletedProcess[str]] = []
-    took: list[float] = []
 
     def status(_: int) -> subprocess.CompletedProcess[str] | None:
         if sum(a.returncode != 0 for a in answers) >= 3:
             return None                          # it failed already: do not wait 50 times
-        start = time.monotonic()
         res = p.cli("status", run_id, "--json", timeout=120)
-        took.append(time.monotonic() - start)
         answers.append(res)
         return res
     with ThreadPoolExecutor(10) as pool:
         list(pool.map(status, range(n)))
     refused = [a.stderr.strip() for a in answers if a.returncode != 0]
-    return answers, refused, statistics.median(took)
+    return answers, refused
 
 
 @pytest.mark.timeout(600)
@@ -89,7 +84,7 @@ def test_readers_and_a_cancel_get_in_while_a_long_run_writes_under_load(
                    what="the long run to be under way")
         run_id = p.output(driver).split()[1]
         cpu_hog.on()        # the readers and the cancel under load (the driver too)
-        answers, refused, took = _status_calls(p, run_id)
+        answers, refused = _status_calls(p, run_id)
         still_running = driver.poll() is None
         cancel = p.cli("cancel", run_id, timeout=120)
         cpu_hog.off()
@@ -101,8 +96,7 @@ def test_readers_and_a_cancel_get_in_while_a_long_run_writes_under_load(
         if driver.poll() is None:
             driver.kill()
             driver.wait(timeout=30)
-    assert not refused, (f"{len(refused)} of {len(answers)} status calls failed "
-                         f"(median {took:.1f}s): {refused[:1]}")
+    assert not refused, f"{len(refused)} of {len(answers)} status calls failed: {refused[:1]}"
     assert all(json.loads(a.stdout)["state"] == "running" for a in answers)
     assert still_running, "the run ended before the cancel: make it longer"
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import wait_until
+
 pytestmark = pytest.mark.subprocess
 
 FLOW = """
@@ -128,9 +130,8 @@ def test_the_loser_names_the_pid_that_drives_the_run(tmp_path: Path) -> None:
     side = tmp_path / "side"
     (side / "hold").write_text("")
     procs = _two_resumes(tmp_path, run_id, store, env)
-    deadline = time.monotonic() + 180
-    while all(p.poll() is None for p in procs) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: any(p.poll() is not None for p in procs), timeout=180,
+               what="one of the two resumes to give up", every=0.05)
     (loser,) = [p for p in procs if p.poll() is not None]
     (winner,) = [p for p in procs if p is not loser]
     _, err = loser.communicate(timeout=60)
