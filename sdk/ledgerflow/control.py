@@ -104,12 +104,12 @@ def recorded_pipeline(view: RunView) -> Pipeline[..., Any]:
     try:
         pipe = load_target(view.target)
     except InputError as exc:
-        where = ("a notebook or REPL: resume it there with ledgerflow.resume(run_id)"
-                 if view.target.startswith("__main__:") else
-                 f"fix {view.target} or pass pipeline=... to ledgerflow.resume")
+        fix = ("the run was started from a notebook or REPL: resume it there with "
+               "ledgerflow.resume(run_id)" if view.target.startswith("__main__:") else
+               f"make {view.target} loadable again, or pass pipeline=... to ledgerflow.resume")
         raise NotResumableError(
             f"cannot load pipeline {view.pipeline!r} of run {view.run_id} from "
-            f"{view.target}: {exc}", hint=f"the run was started from {where}") from exc
+            f"{view.target}: {exc}", hint=fix) from exc
     if pipe.name != view.pipeline:
         raise NotResumableError(
             f"{view.target} now defines pipeline {pipe.name!r}, but run {view.run_id} "

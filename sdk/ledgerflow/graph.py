@@ -52,6 +52,9 @@ class Graph:
     #: Traced bodies cannot form cycles (a reference exists only after its call);
     #: spec files can, so only they pay for the cycle search.
     may_cycle: bool = False
+    #: Only the tasks a resume left to run and their direct upstreams, rebuilt from
+    #: the run's recorded graph (:mod:`ledgerflow.recipe`) instead of a trace.
+    partial: bool = False
 
     def __iter__(self) -> Iterator[Node]:
         return iter(self.nodes.values())

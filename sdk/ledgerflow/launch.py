@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
-from . import deciding, gates
+from . import deciding, gates, recipe
 from ._gc import quiet_gc
 from .config import Settings, store_kind_for
 from .edits import approvals_with_edits, calls_with_edits
@@ -386,7 +386,8 @@ def start(pipe: Pipeline[..., Any], args: Sequence[Any], params: dict[str, Any],
     runner.create(pipeline=pipe.name, target=target or pipe.target(), params=values,
                   options={"executor": getattr(ex, "name", str(ex)),
                            "workers": settings.workers,
-                           "output": output_to_json(graph.output)})
+                           "output": output_to_json(graph.output),
+                           **recipe.recorded(pipe, graph, st)})
     return _drive(pipe, runner, wait, resumed=False)
 
 
@@ -448,6 +449,8 @@ def continue_run(pipe: Pipeline[..., Any], view: RunView, st: RunStore, *,
     else:
         with quiet_gc():
             prior = st.get_run(view.run_id, upstream=False)
+        if graph.partial:   # read before another drive: what it left may differ
+            graph = pipe.build(**json.loads(view.params))
     observers = Observers.from_plugins(progress=progress)
     observers.begin(prior.counts())     # the display starts from the counts the run had
     runner = _runner(graph, st, ex, settings, view.run_id, prior, cache, observers,
@@ -464,7 +467,7 @@ def resume_inputs(pipe: Pipeline[..., Any], view: RunView, st: RunStore
     Call it in the :func:`~ledgerflow.store.reading` block that read ``view``:
     the cache is then read on the same connection.
     """
-    graph = pipe.build(**json.loads(view.params))
+    graph = recipe.resume_graph(pipe, view, st)
     pipe.admit(st)        # a spec edited since the run started needs its approval again
     names = sorted({n.task.name for n in graph if n.task.options.cache})
     with quiet_gc():

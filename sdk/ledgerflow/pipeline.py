@@ -1,9 +1,10 @@
 """``@pipeline``: trace a function body into a :class:`~ledgerflow.graph.Graph`.
 
 While the body runs, task calls record nodes instead of executing. The body
-runs again, with the same parameters, when a run is resumed in a new
-process, so it must be deterministic (no reading of files or clocks there:
-put that in tasks).
+may run again, with the same parameters, when a run is resumed in a new
+process (a big run's recorded graph spares that: :mod:`ledgerflow.recipe`), so
+it must be deterministic (no reading of files or clocks there: put that in
+tasks).
 """
 
 from __future__ import annotations
@@ -138,6 +139,9 @@ class Build:
 
 class Pipeline(Generic[P, R]):
     """A traced function whose task calls form a DAG; see :func:`pipeline`."""
+
+    #: The graph is the trace of ``fn`` (a recorded graph may stand for a new trace).
+    traced: bool = True
 
     def __init__(self, fn: Callable[P, R], name: str | None = None) -> None:
         self.fn = fn

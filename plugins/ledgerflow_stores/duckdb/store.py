@@ -366,9 +366,10 @@ class DuckDBStore(RecordReads):
         """``read(con, view)`` of a run the tables hold whole (its journal all folded,
         nothing damaged), ``view`` loaded with ``load`` and told whether its driver
         lives; None when only a full read (tables and journal tail) answers right."""
-        if self.journals.segments(run_id):
-            return None
+        segs = self.journals.segments(run_id)
         with self.ledger.connect(False) as con:
+            if segs and not _all_folded(queries.folded_offsets(con, run_id), segs):
+                return None     # a tail the tables lack (a live run, or one not recovered)
             view = queries.load_run(con, run_id, **load)
             if view is None or queries.damage(con, run_id):
                 return None
@@ -453,3 +454,11 @@ def _resumed_meanwhile(con: Any, run_id: str) -> NotResumableError:
     return NotResumableError(
         f"run {run_id} is being resumed by pid {pid} (or was, since this resume read it: "
         f"it is {state} now)", hint=f"see it with: pipeline status {run_id}")
+
+
+def _all_folded(folded: dict[int, int], segs: list[tuple[int, Path]]) -> bool:
+    """True if every live segment is folded to its end (a crashed run once recovered)."""
+    try:
+        return all(folded.get(token) == path.stat().st_size for token, path in segs)
+    except OSError:     # archived meanwhile: the caller reads it whole
+        return False

@@ -24,6 +24,8 @@ from .policy import Policy
 class SpecPipeline(Pipeline[..., Any]):
     """A pipeline defined by a spec file instead of a function body."""
 
+    traced = False
+
     def __init__(self, name: str, tasks: dict[str, Any], path: str, *,
                  doc: dict[str, Any] | None = None,
                  header: drafts.DraftHeader | None = None) -> None:

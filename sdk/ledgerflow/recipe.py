@@ -1,0 +1,280 @@
+"""The recorded graph: what a resume needs to rebuild the unfinished part without re-tracing.
+
+When a run of a big plain pipeline starts, :func:`record` writes its graph as
+a result file (the run's ``options["recipe"]`` names it): per call node its
+key, its task's name, its literal arguments with references as
+``{"$ref": key}``, its ``after=`` keys, and the code version of the modules
+that define the pipeline and its tasks. A resume whose frontier read kept
+most tasks (:mod:`ledgerflow.frontier`) asks :func:`partial` for a graph of
+only the tasks left and their direct upstreams, decoding the arguments of
+those alone: no body runs, and the kept tasks get no instance.
+
+Anything the recorded form cannot hold exactly (a fan-out, a literal that
+is not ``str``/``int``/``float``/``bool``/``None`` or a list or ``str``-keyed
+dict of them, a task the pipeline's module does not name) means no recipe:
+the resume re-traces the body, as it does when a module's source changed
+since the run started (it says so in the log).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import sys
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from .frontier import read_upstreams
+from .graph import Graph, Node
+from .results import Encoded
+from .states import TaskState
+from .task import Task, TaskRef
+from .views import RunView, output_from_json
+
+if TYPE_CHECKING:
+    from .pipeline import Pipeline
+
+log = logging.getLogger("ledgerflow")
+
+#: Graphs with fewer nodes are re-traced (that costs about 2 µs a node).
+MIN_NODES = 1000
+VERSION = 1
+_SCALARS = (str, int, bool, type(None))
+_SUCCEEDED = TaskState.SUCCEEDED.value
+
+
+class Recipe(msgspec.Struct, frozen=True):
+    """The recorded form (``args``: each node's ``[args, kwargs]``, decoded on demand)."""
+
+    v: int
+    pipeline: str
+    code: str
+    names: list[str]
+    keys: list[str]
+    tasks: list[int]
+    args: list[msgspec.Raw]
+    after: dict[str, list[str]] = {}
+
+
+class _Unfit(Exception):
+    """A value the recorded form cannot hold exactly."""
+
+
+def record(pipe: Pipeline[..., Any], graph: Graph) -> Encoded | None:
+    """The recipe of ``graph`` as a JSON result to store, or None (see the module docstring)."""
+    if not getattr(pipe, "traced", False) or len(graph) < MIN_NODES:
+        return None
+    named = _tasks_of(pipe)
+    if named is None:
+        return None
+    index: dict[int, int] = {}
+    names: list[str] = []
+    keys: list[str] = []
+    tasks: list[int] = []
+    args: list[Any] = []
+    after: dict[str, list[str]] = {}
+    try:
+        for node in graph.nodes.values():
+            t = node.task
+            i = index.get(id(t))
+            if i is None:
+                if node.is_map or named.get(t.name) is not t:
+                    return None
+                i = index[id(t)] = len(names)
+                names.append(t.name)
+            elif node.is_map:
+                return None
+            keys.append(node.key)
+            tasks.append(i)
+            args.append(_call(node))
+            if node.after:
+                after[node.key] = list(node.after)
+    except _Unfit:
+        return None
+    code = code_version(pipe, [named[n] for n in names])
+    if code is None:
+        return None
+    try:
+        data = msgspec.json.encode({"v": VERSION, "pipeline": pipe.name, "code": code,
+                                    "names": names, "keys": keys,
+                                    "tasks": tasks, "args": args, "after": after})
+    except (TypeError, OverflowError, msgspec.EncodeError):
+        return None
+    return Encoded("json", data, hashlib.blake2b(data, digest_size=16).hexdigest())
+
+
+def recorded(pipe: Pipeline[..., Any], graph: Graph, store: Any) -> dict[str, str]:
+    """``{"recipe": uri}`` for a new run's options once its recipe is stored, else ``{}``."""
+    enc = record(pipe, graph)
+    uri = None if enc is None else store.put_blob(enc)
+    return {} if uri is None else {"recipe": uri}
+
+
+def resume_graph(pipe: Pipeline[..., Any], view: RunView, store: Any) -> Graph:
+    """The graph a resume of ``view`` drives: the partial one when the recipe fits
+    (the kept upstreams it names are read into ``view`` then), else a new trace."""
+    graph = partial(pipe, view, store)
+    if graph is not None:
+        read_upstreams(view, graph, store)
+        if stubs_kept(graph, view, store):
+            return graph
+        log.info("run %s: a kept result is gone; re-tracing pipeline %s", view.run_id,
+                 pipe.name)
+    return pipe.build(**msgspec.json.decode(view.params))
+
+
+def partial(pipe: Pipeline[..., Any], view: RunView, store: Any) -> Graph | None:
+    """A graph of the tasks ``view`` (a frontier read) leaves to run and their direct
+    upstreams, from the run's recipe; None when there is none or it does not fit."""
+    if not view.settled or not getattr(pipe, "traced", False):
+        return None
+    try:
+        uri = msgspec.json.decode(view.options or "{}").get("recipe")
+    except msgspec.DecodeError:
+        return None
+    path = getattr(store, "result_path", None)
+    if not uri or path is None:
+        return None
+    try:
+        with open(path(uri), "rb") as f:
+            rec = msgspec.json.decode(f.read(), type=Recipe)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        log.info("run %s: its recorded graph is unreadable (%s); re-tracing", view.run_id, exc)
+        return None
+    if rec.v != VERSION or rec.pipeline != pipe.name:
+        return None
+    named = _tasks_of(pipe)
+    if named is None or any(named.get(n) is None for n in rec.names) \
+            or code_version(pipe, [named[n] for n in rec.names]) != rec.code:
+        log.info("run %s: pipeline %s changed since the run started; re-tracing its body",
+                 view.run_id, pipe.name)
+        return None
+    return _build(rec, [named[n] for n in rec.names], view, pipe)
+
+
+def stubs_kept(graph: Graph, view: RunView, store: Any) -> bool:
+    """True if every upstream-only node of a partial graph is a kept success whose
+    result is still there (else its own upstreams would be needed: re-trace)."""
+    rows = view.tasks
+    for node in graph.nodes.values():
+        if node.where != _STUB:
+            continue
+        row = rows.get(node.key)
+        if row is None:
+            if node.key not in view.settled:
+                return False
+            continue        # kept, row unread: needed for its completion only (after=)
+        if row.state != _SUCCEEDED or (row.result_uri is not None
+                                       and not store.blob_exists(row.result_uri)):
+            return False
+    return True
+
+
+# -- the pieces ----------------------------------------------------------------------------
+
+#: ``Node.where`` of an upstream-only node of a partial graph (a kept success).
+_STUB = "<kept>"
+
+
+def _build(rec: Recipe, tasks: list[Task[..., Any]], view: RunView,
+           pipe: Pipeline[..., Any]) -> Graph:
+    kept = view.settled
+    graph = Graph(pipe.name, partial=True)
+    full: list[tuple[int, list[str]]] = []
+    decode = msgspec.json.decode
+    for i, key in enumerate(rec.keys):
+        if key in kept:
+            continue
+        a, kw = decode(rec.args[i])
+        deps: list[str] = []
+        args = tuple([_back(x, deps) for x in a])
+        kwargs = {k: _back(x, deps) for k, x in kw.items()} if kw else {}
+        after = tuple(rec.after.get(key, ()))
+        node = Node(key, tasks[rec.tasks[i]], False, args, kwargs,
+                    tuple(dict.fromkeys(deps)), after, has_refs=bool(deps))
+        graph.nodes[key] = node
+        full.append((i, [*node.deps, *after]))
+    position = {k: i for i, k in enumerate(rec.keys)} if full else {}
+    for _i, ups in full:
+        for up in ups:
+            if up not in graph.nodes:
+                graph.nodes[up] = Node(up, tasks[rec.tasks[position[up]]], False, (), {}, (),
+                                       where=_STUB)
+    # the order of the recorded graph (instances are made, and created, in it)
+    graph.nodes = dict(sorted(graph.nodes.items(), key=lambda kv: position[kv[0]]))
+    recorded = msgspec.json.decode(view.options or "{}")
+    graph.output = output_from_json(recorded.get("output"))
+    return graph
+
+
+def _call(node: Node) -> list[Any]:
+    """``[args, kwargs]`` of a call node, references as ``{"$ref": key}``."""
+    args = node.args
+    out = []
+    for a in args:
+        t = type(a)
+        if t is TaskRef:
+            out.append({"$ref": a.key})
+        elif t in _SCALARS or (t is float and math.isfinite(a)):
+            out.append(a)
+        else:
+            out.append(_plain(a))
+    return [out, {k: _plain(v) for k, v in node.kwargs.items()} if node.kwargs else {}]
+
+
+def _plain(value: Any) -> Any:
+    t = type(value)
+    if t in _SCALARS or (t is float and math.isfinite(value)):
+        return value
+    if t is TaskRef:
+        return {"$ref": value.key}
+    if t is list:
+        return [_plain(v) for v in value]
+    if t is dict and "$ref" not in value and all(type(k) is str for k in value):
+        return {k: _plain(v) for k, v in value.items()}
+    raise _Unfit(t.__name__)
+
+
+def _back(value: Any, deps: list[str]) -> Any:
+    """A decoded argument with its references made :class:`TaskRef` again."""
+    t = type(value)
+    if t is dict:
+        if len(value) == 1 and "$ref" in value:
+            deps.append(value["$ref"])
+            return TaskRef(value["$ref"])
+        return {k: _back(v, deps) for k, v in value.items()}
+    if t is list:
+        return [_back(v, deps) for v in value]
+    return value
+
+
+def _tasks_of(pipe: Pipeline[..., Any]) -> dict[str, Task[..., Any]] | None:
+    """The tasks the pipeline body's module names, by task name (None: a name twice)."""
+    found: dict[str, Task[..., Any]] = {}
+    for v in getattr(pipe.fn, "__globals__", {}).values():
+        if isinstance(v, Task):
+            if found.setdefault(v.name, v) is not v:
+                return None
+    return found
+
+
+def code_version(pipe: Pipeline[..., Any], tasks: Iterable[Task[..., Any]]) -> str | None:
+    """A hash of the source files that shape the graph: the body's module and its
+    tasks' (None: one is not loaded from a file, as in a notebook)."""
+    paths = set()
+    for fn in (pipe.fn, *(t.fn for t in tasks)):
+        path = getattr(sys.modules.get(getattr(fn, "__module__", None) or ""), "__file__", None)
+        if not path:
+            return None
+        paths.add(path)
+    h = hashlib.blake2b(digest_size=16)
+    for path in sorted(paths):
+        try:
+            with open(path, "rb") as f:
+                h.update(f.read() + b"\0")
+        except OSError:
+            return None
+    return h.hexdigest()
