@@ -18,8 +18,6 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import cloudpickle
-
 _SIMPLE = (str, int, float, bool, type(None))
 
 
@@ -95,6 +93,7 @@ def canonical(value: object) -> bytes:
         try:
             return pickle.dumps(value, protocol=5)
         except Exception:
+            import cloudpickle     # what pickle refuses: rare, so not imported up front
             data: bytes = cloudpickle.dumps(value)
             return data
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from ._gc import quiet_gc
 from .frontier import read_upstreams
 from .graph import Graph, Node
 from .results import Encoded
@@ -44,6 +45,7 @@ MIN_NODES = 1000
 VERSION = 1
 _SCALARS = (str, int, bool, type(None))
 _SUCCEEDED = TaskState.SUCCEEDED.value
+_EMPTY: dict[str, Any] = {}
 
 
 class Recipe(msgspec.Struct, frozen=True):
@@ -70,30 +72,30 @@ def record(pipe: Pipeline[..., Any], graph: Graph) -> Encoded | None:
     named = _tasks_of(pipe)
     if named is None:
         return None
-    index: dict[int, int] = {}
+    index: dict[Task[..., Any], int] = {}
     names: list[str] = []
-    keys: list[str] = []
     tasks: list[int] = []
     args: list[Any] = []
     after: dict[str, list[str]] = {}
+    add_task, add_args, call = tasks.append, args.append, _call
     try:
         for node in graph.nodes.values():
-            t = node.task
-            i = index.get(id(t))
-            if i is None:
-                if node.is_map or named.get(t.name) is not t:
-                    return None
-                i = index[id(t)] = len(names)
-                names.append(t.name)
-            elif node.is_map:
+            if node.is_map:
                 return None
-            keys.append(node.key)
-            tasks.append(i)
-            args.append(_call(node))
+            t = node.task
+            i = index.get(t)
+            if i is None:
+                if named.get(t.name) is not t:
+                    return None
+                i = index[t] = len(names)
+                names.append(t.name)
+            add_task(i)
+            add_args(call(node))
             if node.after:
                 after[node.key] = list(node.after)
     except _Unfit:
         return None
+    keys = list(graph.nodes)
     code = code_version(pipe, [named[n] for n in names])
     if code is None:
         return None
@@ -108,7 +110,8 @@ def record(pipe: Pipeline[..., Any], graph: Graph) -> Encoded | None:
 
 def recorded(pipe: Pipeline[..., Any], graph: Graph, store: Any) -> dict[str, str]:
     """``{"recipe": uri}`` for a new run's options once its recipe is stored, else ``{}``."""
-    enc = record(pipe, graph)
+    with quiet_gc():        # a list and a dict a node: the collector would rescan them
+        enc = record(pipe, graph)
     uri = None if enc is None else store.put_blob(enc)
     return {} if uri is None else {"recipe": uri}
 
@@ -212,17 +215,9 @@ def _build(rec: Recipe, tasks: list[Task[..., Any]], view: RunView,
 
 def _call(node: Node) -> list[Any]:
     """``[args, kwargs]`` of a call node, references as ``{"$ref": key}``."""
-    args = node.args
-    out = []
-    for a in args:
-        t = type(a)
-        if t is TaskRef:
-            out.append({"$ref": a.key})
-        elif t in _SCALARS or (t is float and math.isfinite(a)):
-            out.append(a)
-        else:
-            out.append(_plain(a))
-    return [out, {k: _plain(v) for k, v in node.kwargs.items()} if node.kwargs else {}]
+    out = [{"$ref": a.key} if type(a) is TaskRef
+           else a if type(a) in _SCALARS else _plain(a) for a in node.args]
+    return [out, {k: _plain(v) for k, v in node.kwargs.items()} if node.kwargs else _EMPTY]
 
 
 def _plain(value: Any) -> Any:

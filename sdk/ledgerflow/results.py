@@ -13,8 +13,6 @@ import pickle
 from dataclasses import dataclass
 from typing import Any
 
-import cloudpickle
-
 from .keys import digest
 
 _NONE_HASH = digest(b"null")
@@ -70,6 +68,7 @@ def encode(value: object) -> Encoded:
     try:
         data = pickle.dumps(value, protocol=5)
     except Exception:
+        import cloudpickle     # what pickle refuses (a lambda, a local class): rare
         data = cloudpickle.dumps(value, protocol=5)
     return Encoded("pickle", data, digest(data))
 
