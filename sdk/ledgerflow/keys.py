@@ -93,7 +93,7 @@ def canonical(value: object) -> bytes:
         try:
             return pickle.dumps(value, protocol=5)
         except Exception:
-            import cloudpickle     # what pickle refuses: rare, so not imported up front
+            import cloudpickle  # what pickle refuses: rare, so not imported up front
             data: bytes = cloudpickle.dumps(value)
             return data
 

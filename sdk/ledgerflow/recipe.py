@@ -109,7 +109,10 @@ def record(pipe: Pipeline[..., Any], graph: Graph) -> Encoded | None:
 
 
 def recorded(pipe: Pipeline[..., Any], graph: Graph, store: Any) -> dict[str, str]:
-    """``{"recipe": uri}`` for a new run's options once its recipe is stored, else ``{}``."""
+    """``{"recipe": uri}`` for a new run's options once its recipe is stored, else ``{}``
+    (and nothing is recorded for a store a resume cannot read it from: no frontier read)."""
+    if getattr(store, "frontier", None) is None or getattr(store, "result_path", None) is None:
+        return {}
     with quiet_gc():        # a list and a dict a node: the collector would rescan them
         enc = record(pipe, graph)
     uri = None if enc is None else store.put_blob(enc)

@@ -68,7 +68,7 @@ def encode(value: object) -> Encoded:
     try:
         data = pickle.dumps(value, protocol=5)
     except Exception:
-        import cloudpickle     # what pickle refuses (a lambda, a local class): rare
+        import cloudpickle  # what pickle refuses (a lambda, a local class): rare
         data = cloudpickle.dumps(value, protocol=5)
     return Encoded("pickle", data, digest(data))
 

@@ -9,6 +9,7 @@ exactly is not recorded, and the resume traces.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Iterator
@@ -183,3 +184,13 @@ def test_a_pipeline_defined_outside_a_source_file_records_no_graph(env: Path) ->
     assert len(pipe.build()) == 60
     assert recipe.record(pipe, pipe.build()) is None
     assert recipe.record(blobbed, blobbed.build()) is not None
+
+
+def test_only_a_store_a_resume_reads_a_recipe_from_records_one(tmp_path: Path, env: Path) -> None:
+    from ledgerflow_stores.memory import MemoryStore
+
+    mem = MemoryStore()
+    for st in (mem, str(tmp_path / "ledger.duckdb")):
+        run = shaped.run(store=st, executor="inline")
+        options = json.loads(run.store.get_run(run.run_id, tasks=False).options or "{}")
+        assert ("recipe" in options) is (st is not mem), options    # memory: no frontier read
