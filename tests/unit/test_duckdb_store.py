@@ -9,6 +9,7 @@ import pytest
 import ledgerflow
 import ledgerflow.runner
 from ledgerflow import context, pipeline, task
+from ledgerflow.errors import ConfigError
 from ledgerflow_stores.duckdb import DuckDBStore, FoldPolicy
 from tests.waiting import wait_until
 
@@ -269,3 +270,40 @@ def test_a_task_that_failed_with_a_reason_then_succeeded_folds_without_an_error(
     folded = ledgerflow.get_run(first.run_id, store=str(path)).status().tasks["total"]
     assert not list((tmp_path / "l.duckdb.d" / "journals").glob("*.jsonl"))
     assert (folded.state, folded.error) == ("succeeded", None)
+
+
+def test_a_drive_shorter_than_the_first_fold_is_folded_once_at_release(
+        tmp_path, monkeypatch) -> None:
+    """No background fold before ``first_fold`` seconds (it only slowed short runs)."""
+    bites: list[int | None] = []
+    real = DuckDBStore.fold_run
+
+    def counted(self: DuckDBStore, run_id: str, *, max_bytes: int | None = None,
+                archive_finished: bool = False) -> bool:
+        bites.append(max_bytes)     # the background fold asks for a bite, release for all
+        return real(self, run_id, max_bytes=max_bytes, archive_finished=archive_finished)
+
+    monkeypatch.setattr(DuckDBStore, "fold_run", counted)
+
+    @task
+    def one(i: int) -> int:
+        return i
+
+    @pipeline
+    def many(n: int = 300):
+        return [one(i) for i in range(n)]
+
+    st = DuckDBStore(str(tmp_path / "l.duckdb"), policy=FoldPolicy(wake_bytes=1,
+                                                                   start_after=60))
+    assert st.policy.first_fold == 60
+    assert many.run(store=st, executor="inline").result() == list(range(300))
+    assert bites == [None]                      # the release's fold, and no other
+    assert FoldPolicy().first_fold == 1.0 and FoldPolicy(interval=0.1).first_fold == 0.1
+
+
+def test_a_fold_setting_that_is_not_a_number_is_a_config_error(monkeypatch) -> None:
+    monkeypatch.setenv("LEDGERFLOW_FOLD_START_AFTER", "soon")
+    with pytest.raises(ConfigError, match="LEDGERFLOW_FOLD_START_AFTER must be a number"):
+        FoldPolicy.from_env()
+    monkeypatch.setenv("LEDGERFLOW_FOLD_START_AFTER", "2.5")
+    assert FoldPolicy.from_env().first_fold == 2.5
