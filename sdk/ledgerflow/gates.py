@@ -292,10 +292,16 @@ class Gates:
         """The decisions an attempt of task ``key`` gets (``context().approval`` reads them):
         approvals and refusals alike, so the code that asked handles both, in whichever
         drive sees the decision."""
+        if not self.decided:    # a run without decisions (most): one shared, never written
+            return _NO_DECISIONS
         return Decisions({dg: Decision(d["decision"], d.get("decided_by") or "",
                                        d.get("reason") or "", float(d.get("decided_at") or 0),
                                        dg, d.get("arguments"))
                           for dg, d in self.decided.items() if d["task_key"] == key})
+
+
+#: What an attempt of a run without decisions gets (``get`` finds nothing, so it stays empty).
+_NO_DECISIONS = Decisions()
 
 
 def task_summary(inst: Instance, args: list[Any] | None = None,
