@@ -267,13 +267,15 @@ class DuckDBStore(RecordReads):
         return doctor.rebuild(self)
 
     # -- reading -------------------------------------------------------------------------
-    def _tail(self, con: Any, run_id: str) -> tuple[list[AnyRecord], list[str]]:
+    def _tail(self, con: Any, run_id: str, *, damage_too: bool = True
+              ) -> tuple[list[AnyRecord], list[str]]:
         """The records of ``run_id`` not folded yet (a superseded driver's are left out),
-        and what is damaged (folded damage included)."""
-        damage = queries.damage(con, run_id)
+        and what is damaged (folded damage included; ``damage_too=False``: only what the
+        tail needs, none for a folded run)."""
         segs = self.journals.segments(run_id)
         if not segs:
-            return [], damage
+            return [], queries.damage(con, run_id) if damage_too else []
+        damage = queries.damage(con, run_id)
         folded = queries.folded_offsets(con, run_id)
         current = max(t for t, _ in segs)
         records: list[AnyRecord] = []
@@ -412,7 +414,7 @@ class DuckDBStore(RecordReads):
             known = queries.has_run(con, run_id)
             rows: list[R] = queries.record_rows(con, run_id, kind, task_key=task_key,
                                                 attempt=attempt) if known else []
-            tail, _ = self._tail(con, run_id)
+            tail, _ = self._tail(con, run_id, damage_too=False)
         if not known and not any(isinstance(r, RunDefined) for r in tail):
             raise RunNotFoundError(f"no run {run_id!r} in {self.location}")
         return rows + matching(tail, kind, task_key, attempt)
