@@ -155,10 +155,13 @@ def partial(pipe: Pipeline[..., Any], view: RunView, store: Any) -> Graph | None
     named = _tasks_of(pipe)
     if named is None or any(named.get(n) is None for n in rec.names) \
             or code_version(pipe, [named[n] for n in rec.names]) != rec.code:
-        log.info("run %s: pipeline %s changed since the run started; re-tracing its body",
-                 view.run_id, pipe.name)
+        log.warning("run %s: the source of pipeline %s changed since the run started; "
+                    "its body was traced again", view.run_id, pipe.name)
         return None
-    return _build(rec, [named[n] for n in rec.names], view, pipe)
+    graph = _build(rec, [named[n] for n in rec.names], view, pipe)
+    if any(key not in graph.nodes for key in view.tasks):
+        return None         # a row the recorded graph does not know: only a trace drives it
+    return graph
 
 
 def stubs_kept(graph: Graph, view: RunView, store: Any) -> bool:

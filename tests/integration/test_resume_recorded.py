@@ -102,6 +102,7 @@ def test_a_resume_after_a_failure_traces_only_when_the_module_changed(
     res = _cli("resume", run_id, "--store", ledger, "--executor", "inline", env=env)
     assert res.returncode == 0, res.stderr
     assert len(_lines(side, "traced")) == 2
+    assert "the source of pipeline long changed since the run started" in res.stderr
     assert len(_lines(side, "ran")) == N              # every step ran once, in the first run
     assert _result(run_id, ledger, env) == sum(range(N))
 

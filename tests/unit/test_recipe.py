@@ -194,3 +194,18 @@ def test_only_a_store_a_resume_reads_a_recipe_from_records_one(tmp_path: Path, e
         run = shaped.run(store=st, executor="inline")
         options = json.loads(run.store.get_run(run.run_id, tasks=False).options or "{}")
         assert ("recipe" in options) is (st is not mem), options    # memory: no frontier read
+
+
+def test_a_row_the_recorded_graph_does_not_name_makes_the_resume_trace(
+        tmp_path: Path, env: Path) -> None:
+    from ledgerflow.views import TaskRow
+    from ledgerflow_stores.duckdb.store import DuckDBStore
+
+    store = str(tmp_path / "ledger.duckdb")
+    run_id = _failed(shaped, store, env)
+    st = DuckDBStore(store)
+    view = st.frontier(run_id)
+    assert view is not None and view.settled
+    assert recipe.partial(shaped, view, st) is not None
+    view.tasks["stranger"] = TaskRow("stranger", "inc", state="failed")
+    assert recipe.partial(shaped, view, st) is None
