@@ -46,7 +46,7 @@ class FoldPolicy:
     """How much a fold does at once and how it shares the file."""
 
     #: Journal bytes per batch (one transaction).
-    batch_bytes: int = 4 << 20
+    batch_bytes: int = 8 << 20
     #: Journal bytes folded on one connection before it is closed and the file left free.
     bite_bytes: int = 8 << 20
     #: Journal bytes written that wake the background fold.
