@@ -19,6 +19,7 @@ from . import capture
 from .approval import ApprovalNeeded
 from .context import Deferred, RunContext, TaskCancelled, TaskTimedOut, run_in_context
 from .errors import NotResumableError
+from .redact import redact
 from .results import Encoded, encode
 from .states import Outcome
 from .tracebacks import user_traceback
@@ -173,7 +174,7 @@ def not_started(job_id: int, exc: Exception) -> Completion:
     """The report of a job the executor refused to start (e.g. an unpicklable function)."""
     now = time.time()
     return Completion(job_id, _ERROR, error=exc, error_type=type(exc).__name__,
-                      error_message=f"executor could not start it: {exc}",
+                      error_message=redact(f"executor could not start it: {exc}"),
                       started_at=now, ended_at=now, has_value=False)
 
 
@@ -243,8 +244,8 @@ def execute(job: Job, cancel: Callable[[], bool] | None = None, *,
         c.model_calls = ctx.model_calls
         c.tool_calls = ctx.tool_calls
         c.notices = ctx.notices
-    if out.head:
-        c.log = out.text()
+    if out.head:        # what the task printed: known secret values out (ledgerflow.redact)
+        c.log = redact(out.text())
         c.log_dropped = out.dropped
     return c
 
@@ -270,26 +271,26 @@ def _attempt(job: Job, ctx: _Context, keep_value: bool) -> Completion:
                           has_value=False, approval=need.request())
     except TaskTimedOut as exc:     # no error object: a timeout is retried by policy
         return Completion(job.id, _TIMEOUT, error_type="TaskTimedOut",
-                          error_message=str(exc)[:2000] or "the task timed out",
+                          error_message=_message(exc) or "the task timed out",
                           started_at=started, ended_at=time.time(), has_value=False)
-    except Exception as exc:
+    except Exception as exc:    # its text, known secret values out, is the attempt's error
         return Completion(job.id, _ERROR, error=exc, error_type=type(exc).__name__,
-                          error_message=str(exc)[:2000],
-                          traceback=user_traceback(exc),
+                          error_message=_message(exc),
+                          traceback=redact(user_traceback(exc)),
                           started_at=started, ended_at=time.time(), has_value=False)
     except BaseException as exc:    # SystemExit, KeyboardInterrupt, GeneratorExit, ...
         # user code ends its attempt, never the worker or the driver: an ``error``
         # that is not retryable (``retry_on`` names Exception subclasses by default)
         return Completion(job.id, _ERROR, error=exc, error_type=type(exc).__name__,
-                          error_message=_base_message(exc),
-                          traceback=user_traceback(exc),
+                          error_message=redact(_base_message(exc)),
+                          traceback=redact(user_traceback(exc)),
                           started_at=started, ended_at=time.time(), has_value=False)
     try:
         enc = encode(value)
     except Exception as exc:
         return Completion(job.id, _ERROR, error=exc, error_type=type(exc).__name__,
-                          error_message=f"result could not be serialised: {exc}",
-                          traceback=user_traceback(exc),
+                          error_message=redact(f"result could not be serialised: {exc}"),
+                          traceback=redact(user_traceback(exc)),
                           started_at=started, ended_at=time.time(), has_value=False)
     if keep_value:
         return Completion(job.id, _OK, value, enc, started_at=started, ended_at=time.time())
@@ -297,11 +298,16 @@ def _attempt(job: Job, ctx: _Context, keep_value: bool) -> Completion:
                       has_value=False)
 
 
+def _message(exc: BaseException) -> str:
+    """The error text of an exception a task raised, known secret values out, cut."""
+    return redact(str(exc))[:2000]
+
+
 def _base_message(exc: BaseException) -> str:
     """The error text of a BaseException a task raised (``SystemExit(3)`` says its code)."""
     if isinstance(exc, SystemExit):
         return f"the task raised SystemExit (exit code {exc.code!r}); its attempt failed"
-    return (str(exc)[:2000] or f"the task raised {type(exc).__name__}") + \
+    return (_message(exc) or f"the task raised {type(exc).__name__}") + \
         "; its attempt failed"
 
 
