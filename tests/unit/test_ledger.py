@@ -189,3 +189,29 @@ def test_a_live_driver_is_not_taken_over_when_its_lease_file_is_deleted(tmp_path
     driver.append(lease, [RunStateChanged("succeeded", "", now + 1)])
     driver.release(lease)
     assert other.get_run("r1").state == "succeeded"
+
+
+def test_a_renewal_in_progress_when_the_lease_is_released_writes_no_lease_after_it(
+        tmp_path: Path) -> None:
+    """The driver stops the heartbeat, then removes its lease: a renewal that was
+    writing meanwhile must not put the lease back (a live pid's lease refuses resumes)."""
+    import threading
+
+    from ledgerflow_stores.duckdb.lease import Leases
+
+    leases = Leases(tmp_path / "runs")
+    real = leases.write
+    writing = threading.Event()
+
+    def slow(run_id: str, token: int) -> None:
+        writing.set()
+        time.sleep(0.5)
+        real(run_id, token)
+
+    leases.write = slow     # type: ignore[method-assign]
+    beat = Heartbeat(leases, "r1", 1)
+    assert writing.wait(30), "no renewal started"
+    beat.stop()                         # waits for the renewal in progress
+    leases.remove("r1", 1)
+    time.sleep(0.8)
+    assert leases.read("r1") is None

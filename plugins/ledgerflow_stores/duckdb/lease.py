@@ -117,4 +117,8 @@ class Heartbeat:
             self.leases.write(self.run_id, self.token)
 
     def stop(self) -> None:
+        """Stop renewing; waits for a renewal in progress, so none is written after the
+        caller removes the lease (a stale lease of a live process refuses every resume)."""
         self._stop.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=10.0)
