@@ -21,18 +21,9 @@ import pytest
 import ledgerflow
 from ledgerflow import pipeline, recipe, task
 from ledgerflow.results import decode
+from tests.unit.test_frontier_resume import _count, _ran  # FRONTIER_LOG: what ran
 
 TRACED: list[str] = []
-
-
-def _count(name: str) -> None:
-    with open(os.environ["RECIPE_LOG"], "a") as fh:
-        fh.write(name + "\n")
-
-
-def _ran(tmp_path: Path) -> list[str]:
-    log = tmp_path / "ran.log"
-    return log.read_text().split() if log.exists() else []
 
 
 @task
@@ -95,7 +86,7 @@ def tupled(n: int = 60):
 
 @pytest.fixture
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("RECIPE_LOG", str(tmp_path / "ran.log"))
+    monkeypatch.setenv("FRONTIER_LOG", str(tmp_path / "ran.log"))
     monkeypatch.setenv("RECIPE_FLAG", str(tmp_path / "flag"))
     monkeypatch.setattr(recipe, "MIN_NODES", 50)
     TRACED.clear()
