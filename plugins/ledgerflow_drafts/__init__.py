@@ -30,7 +30,8 @@ from ledgerflow import hookimpl
 if TYPE_CHECKING:
     import click
 
-    from ledgerflow.launch import Run, StoreArg
+    from ledgerflow.launch import Run
+    from ledgerflow.opening import StoreArg
 
 __all__ = ["absolute_sources", "draft"]
 

@@ -174,7 +174,7 @@ def worker_command(store: str, executor: str | None, workers: int | None,
       pipeline worker --store postgresql://db/ledger --executor dask \\
           --dask-address tcp://scheduler:8786
     """
-    from ledgerflow.launch import check_executor, settings_for, store_for
+    from ledgerflow.opening import check_executor, settings_for, store_for
     settings = settings_for(store)
     if settings.store_kind != "postgres":
         raise InputError(f"pipeline worker needs a PostgreSQL store, given: {store}",

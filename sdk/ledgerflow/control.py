@@ -21,22 +21,17 @@ from .errors import InputError, NotResumableError, RunEndedError
 from .frontier import read_upstreams
 from .launch import (
     Run,
-    StoreArg,
     cancel_submitted,
-    check_executor,
     continue_run,
-    make_executor,
     new_run_id,
-    open_ledger,
     read_run,
     refuse_resume,
     resume_inputs,
-    settings_for,
     start,
-    store_for,
 )
 from .launch import submit as launch_submit
 from .loading import abs_target, load_module, load_target, pipelines_in
+from .opening import StoreArg, check_executor, make_executor, open_ledger, settings_for, store_for
 from .pipeline import Pipeline
 from .resume import Action, decide
 from .states import RUN_TERMINAL, RunState, TaskState

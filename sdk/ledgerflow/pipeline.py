@@ -29,7 +29,8 @@ from .graph import REF_TYPES, Graph, Node
 from .task import MapRef, Task, TaskRef
 
 if TYPE_CHECKING:
-    from .launch import Run, StoreArg
+    from .launch import Run
+    from .opening import StoreArg
 
 P = ParamSpec("P")
 R = TypeVar("R")

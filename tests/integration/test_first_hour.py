@@ -114,7 +114,7 @@ def test_a_mapped_task_s_lineage_names_the_list_it_was_mapped_over(project) -> N
     assert {r["uri"] for r in rows if r["direction"] == "input"} == {"task:fetch",
                                                                     "task:load_model"}
     graphs = pytest.importorskip("ledgerflow_console.graphs")
-    from ledgerflow.launch import open_ledger
+    from ledgerflow.opening import open_ledger
     edges = graphs.graph(open_ledger(ledger).get_run(rid))["edges"]
     assert {"from": "fetch", "to": "square[2]"} in edges
 

@@ -20,7 +20,7 @@ from ledgerflow import pipeline, task
 from ledgerflow.context import TaskCancelled
 from ledgerflow.control import submit
 from ledgerflow.errors import LeaseLostError, NotResumableError, StoreError
-from ledgerflow.launch import settings_for, store_for
+from ledgerflow.opening import settings_for, store_for
 from ledgerflow.records import (
     AttemptEnded,
     ResultRecorded,

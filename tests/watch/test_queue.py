@@ -44,7 +44,7 @@ def test_ctrl_c_during_a_run_ends_the_run_and_stops(tmp_path: Path) -> None:
     w = Watcher(tmp_path, "flow.py", "-p", "seconds=3", "--every", "1h")
     begun = w.next_event()
     assert begun["event"] == "start"
-    from ledgerflow.launch import open_ledger
+    from ledgerflow.opening import open_ledger
     st = open_ledger(str(tmp_path / "ledger.duckdb"))
 
     def ticking() -> bool:

@@ -44,7 +44,7 @@ def test_every_runs_at_its_slots_a_bounded_number_of_times(tmp_path: Path) -> No
     assert slots[1] - slots[0] == pytest.approx(1.0 + skipped, abs=0.01)
     for (begun, _), slot in zip(done[1:], slots, strict=True):
         assert begun["at"] >= slot - 0.01                          # not before its slot
-    from ledgerflow.launch import open_ledger
+    from ledgerflow.opening import open_ledger
     st = open_ledger(str(tmp_path / "ledger.duckdb"))
     recorded = {r.run_id: r for r in st.list_runs()}
     assert set(recorded) == {b["run_id"] for b, _ in done}         # ordinary runs

@@ -45,7 +45,7 @@ def scratch_rows(folder: Path, src: Path, n: int) -> list[tuple[Any, ...]]:
 
 def embedded(folder: Path, run_ids: list[str]) -> set[str]:
     """The documents whose ``embed`` ran (not reused) in these runs."""
-    from ledgerflow.launch import open_ledger
+    from ledgerflow.opening import open_ledger
     st = open_ledger(str(folder / "ledger.duckdb"))
     out: set[str] = set()
     for run_id in run_ids:
@@ -124,7 +124,7 @@ def test_edits_deletes_restore_and_rename_keep_the_index_fresh(tmp_path: Path) -
 
 
 def test_a_killed_watcher_loses_nothing_on_restart(tmp_path: Path) -> None:
-    from ledgerflow.launch import open_ledger
+    from ledgerflow.opening import open_ledger
     src = tmp_path / "src"
     for copy in ("one", "two"):                          # 90 documents: a run of seconds
         shutil.copytree(CORPUS, src / copy, ignore=shutil.ignore_patterns("SOURCES.md"))

@@ -98,7 +98,7 @@ class ExecutorContract:
 
     def make_executor(self) -> Executor:
         """A fresh executor, built through the plugin manager."""
-        from ..launch import make_executor
+        from ..opening import make_executor
         return make_executor(self.executor_name, Settings(workers=2))
 
     def _collect(self, ex: Executor) -> tuple[list[Completion], threading.Event,
