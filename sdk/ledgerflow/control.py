@@ -132,7 +132,7 @@ def resume(run_id: str, *, store: StoreArg = None, executor: object = None,
                             logs=logs, wait_approvals=wait_approvals)
     st = store_for(settings, store)
     st.recover()        # what killed drivers left reaches the tables (and the cache)
-    with reading(st):   # one connection: the run, its pipeline's admission, the cache
+    with reading(st):   # one connection: the run as the resume starts from it
         if view is None or view.run_id != run_id or not (view.tasks or view.settled):
             # its rows are the runner's prior rows (see continue_run); a frontier read
             # leaves out the successes the resume keeps (ledgerflow.frontier)
@@ -143,7 +143,10 @@ def resume(run_id: str, *, store: StoreArg = None, executor: object = None,
         if any(t.state == TaskState.WAITING_APPROVAL for t in view.tasks.values()):
             deciding.apply_deadlines(st, run_id)    # a pending request: its task waits
         refuse_resume(view)
-        pipe = pipeline or recorded_pipeline(view)
+    # its module is imported with the file free: an import may take seconds (a model
+    # library), and a reader holding the file keeps other processes' writes waiting
+    pipe = pipeline or recorded_pipeline(view)
+    with reading(st):   # one connection: its admission, the cache, the kept results
         graph, cache = resume_inputs(pipe, view, st)
         read_upstreams(view, graph, st)     # the kept results the tasks left need
     return continue_run(pipe, view, st, settings=settings, executor=executor, wait=wait,

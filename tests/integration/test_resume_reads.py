@@ -109,8 +109,9 @@ def test_resume_reads_the_run_once_and_opens_the_ledger_a_few_times(
     assert counts["frontier"] == 1 and counts["get_run"] == 1, seen   # get_run 4 before
     # the kept successes whose results b and the c after it need: one read
     assert counts["task_rows"] == 1, seen
-    # read: the run + its pipeline's cache; write: the takeover; read: the runner's
-    # signals; write: the fold at release; read: the closing table (8 before)
+    # read: the run; read (after its pipeline's import, the file free meanwhile): the
+    # cache and kept results; write: the takeover; write: the fold at release; read:
+    # the closing table (8 before; the runner's signals are not read: it has none)
     assert counts["open read"] + counts["open write"] <= 5, seen
     assert counts["take_over"] == 1 and counts["recover"] == 1, seen
     assert counts["_tail"] <= 6, seen           # 10 before
