@@ -28,10 +28,9 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ._gc import quiet_gc
-from .frontier import read_upstreams
 from .graph import Graph, Node
+from .keys import digest
 from .results import Encoded
-from .states import TaskState
 from .task import Task, TaskRef
 from .views import RunView, output_from_json
 
@@ -44,7 +43,6 @@ log = logging.getLogger("ledgerflow")
 MIN_NODES = 1000
 VERSION = 1
 _SCALARS = (str, int, bool, type(None))
-_SUCCEEDED = TaskState.SUCCEEDED.value
 _EMPTY: dict[str, Any] = {}
 
 
@@ -96,7 +94,7 @@ def record(pipe: Pipeline[..., Any], graph: Graph) -> Encoded | None:
     except _Unfit:
         return None
     keys = list(graph.nodes)
-    code = code_version(pipe, [named[n] for n in names])
+    code = source_version(pipe, [named[n] for n in names])
     if code is None:
         return None
     try:
@@ -105,7 +103,7 @@ def record(pipe: Pipeline[..., Any], graph: Graph) -> Encoded | None:
                                     "tasks": tasks, "args": args, "after": after})
     except (TypeError, OverflowError, msgspec.EncodeError):
         return None
-    return Encoded("json", data, hashlib.blake2b(data, digest_size=16).hexdigest())
+    return Encoded("json", data, digest(data))
 
 
 def recorded(pipe: Pipeline[..., Any], graph: Graph, store: Any) -> dict[str, str]:
@@ -120,16 +118,10 @@ def recorded(pipe: Pipeline[..., Any], graph: Graph, store: Any) -> dict[str, st
 
 
 def resume_graph(pipe: Pipeline[..., Any], view: RunView, store: Any) -> Graph:
-    """The graph a resume of ``view`` drives: the partial one when the recipe fits
-    (the kept upstreams it names are read into ``view`` then), else a new trace."""
+    """The graph a resume of ``view`` drives: the partial one when the recipe fits,
+    else a new trace."""
     graph = partial(pipe, view, store)
-    if graph is not None:
-        read_upstreams(view, graph, store)
-        if stubs_kept(graph, view, store):
-            return graph
-        log.info("run %s: a kept result is gone; re-tracing pipeline %s", view.run_id,
-                 pipe.name)
-    return pipe.build(**msgspec.json.decode(view.params))
+    return graph if graph is not None else pipe.build(**msgspec.json.decode(view.params))
 
 
 def partial(pipe: Pipeline[..., Any], view: RunView, store: Any) -> Graph | None:
@@ -138,9 +130,10 @@ def partial(pipe: Pipeline[..., Any], view: RunView, store: Any) -> Graph | None
     if not view.settled or not getattr(pipe, "traced", False):
         return None
     try:
-        uri = msgspec.json.decode(view.options or "{}").get("recipe")
+        options = msgspec.json.decode(view.options or "{}")
     except msgspec.DecodeError:
         return None
+    uri = options.get("recipe")
     path = getattr(store, "result_path", None)
     if not uri or path is None:
         return None
@@ -154,45 +147,25 @@ def partial(pipe: Pipeline[..., Any], view: RunView, store: Any) -> Graph | None
         return None
     named = _tasks_of(pipe)
     if named is None or any(named.get(n) is None for n in rec.names) \
-            or code_version(pipe, [named[n] for n in rec.names]) != rec.code:
+            or source_version(pipe, [named[n] for n in rec.names]) != rec.code:
         log.warning("run %s: the source of pipeline %s changed since the run started; "
                     "its body was traced again", view.run_id, pipe.name)
         return None
-    graph = _build(rec, [named[n] for n in rec.names], view, pipe)
+    graph = _build(rec, [named[n] for n in rec.names], view.settled, pipe.name)
+    graph.output = output_from_json(options.get("output"))
     if any(key not in graph.nodes for key in view.tasks):
         return None         # a row the recorded graph does not know: only a trace drives it
     return graph
 
 
-def stubs_kept(graph: Graph, view: RunView, store: Any) -> bool:
-    """True if every upstream-only node of a partial graph is a kept success whose
-    result is still there (else its own upstreams would be needed: re-trace)."""
-    rows = view.tasks
-    for node in graph.nodes.values():
-        if node.where != _STUB:
-            continue
-        row = rows.get(node.key)
-        if row is None:
-            if node.key not in view.settled:
-                return False
-            continue        # kept, row unread: needed for its completion only (after=)
-        if row.state != _SUCCEEDED or (row.result_uri is not None
-                                       and not store.blob_exists(row.result_uri)):
-            return False
-    return True
-
-
 # -- the pieces ----------------------------------------------------------------------------
 
-#: ``Node.where`` of an upstream-only node of a partial graph (a kept success).
-_STUB = "<kept>"
-
-
-def _build(rec: Recipe, tasks: list[Task[..., Any]], view: RunView,
-           pipe: Pipeline[..., Any]) -> Graph:
-    kept = view.settled
-    graph = Graph(pipe.name, partial=True)
-    full: list[tuple[int, list[str]]] = []
+def _build(rec: Recipe, tasks: list[Task[..., Any]], kept: frozenset[str],
+           name: str) -> Graph:
+    """The nodes the kept successes ``kept`` leave, with their arguments, and as plain
+    nodes their direct upstreams (kept successes: the runner restores them)."""
+    graph = Graph(name, partial=True)
+    ups: list[str] = []
     decode = msgspec.json.decode
     for i, key in enumerate(rec.keys):
         if key in kept:
@@ -205,17 +178,15 @@ def _build(rec: Recipe, tasks: list[Task[..., Any]], view: RunView,
         node = Node(key, tasks[rec.tasks[i]], False, args, kwargs,
                     tuple(dict.fromkeys(deps)), after, has_refs=bool(deps))
         graph.nodes[key] = node
-        full.append((i, [*node.deps, *after]))
-    position = {k: i for i, k in enumerate(rec.keys)} if full else {}
-    for _i, ups in full:
-        for up in ups:
-            if up not in graph.nodes:
-                graph.nodes[up] = Node(up, tasks[rec.tasks[position[up]]], False, (), {}, (),
-                                       where=_STUB)
+        ups += node.upstream
+    if not graph.nodes:
+        return graph
+    position = {k: i for i, k in enumerate(rec.keys)}
+    for up in ups:
+        if up not in graph.nodes:
+            graph.nodes[up] = Node(up, tasks[rec.tasks[position[up]]], False, (), {}, ())
     # the order of the recorded graph (instances are made, and created, in it)
     graph.nodes = dict(sorted(graph.nodes.items(), key=lambda kv: position[kv[0]]))
-    recorded = msgspec.json.decode(view.options or "{}")
-    graph.output = output_from_json(recorded.get("output"))
     return graph
 
 
@@ -262,7 +233,7 @@ def _tasks_of(pipe: Pipeline[..., Any]) -> dict[str, Task[..., Any]] | None:
     return found
 
 
-def code_version(pipe: Pipeline[..., Any], tasks: Iterable[Task[..., Any]]) -> str | None:
+def source_version(pipe: Pipeline[..., Any], tasks: Iterable[Task[..., Any]]) -> str | None:
     """A hash of the source files that shape the graph: the body's module and its
     tasks' (None: one is not loaded from a file, as in a notebook)."""
     paths = set()

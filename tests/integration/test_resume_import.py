@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.cli import pipeline_cli
 
 FLOW = """
 import os
@@ -58,11 +58,6 @@ def other():
 """
 
 
-def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ledgerflow", *args], capture_output=True,
-                          text=True, env=env, timeout=300)
-
-
 def test_another_process_writes_the_ledger_while_a_resume_imports_its_pipeline(
         tmp_path: Path, write_flow, cli_env: dict[str, str]) -> None:
     flow = write_flow(FLOW)
@@ -70,16 +65,16 @@ def test_another_process_writes_the_ledger_while_a_resume_imports_its_pipeline(
     ledger = str(tmp_path / "ledger.duckdb")
     env = {**cli_env, "GO": str(tmp_path / "go"), "OTHER": other, "LEDGER": ledger,
            "PROBE_OUT": str(tmp_path / "probe.txt")}
-    res = _cli("run", flow, "--store", ledger, "--json", env=env)
+    res = pipeline_cli("run", flow, "--store", ledger, "--json", env=env)
     assert res.returncode == 1, res.stderr
     run_id = json.loads(res.stdout)["run_id"]
     Path(env["GO"]).write_text("")
-    res = _cli("resume", run_id, "--store", ledger, "--executor", "inline",
+    res = pipeline_cli("resume", run_id, "--store", ledger, "--executor", "inline",
                env={**env, "IMPORT_PROBE": "1"})
     assert res.returncode == 0, res.stderr
     code, _, err = Path(env["PROBE_OUT"]).read_text().partition("\n")
     assert code == "0", err
     assert "was locked by another process" not in err, err     # its fold got the file
-    runs = json.loads(_cli("runs", "--store", ledger, "--json", env=env).stdout)
+    runs = json.loads(pipeline_cli("runs", "--store", ledger, "--json", env=env).stdout)
     assert sorted(r["pipeline"] for r in runs) == ["other", "waits"]
     assert os.path.exists(ledger)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.cli import pipeline_cli
 from tests.waiting import wait_until
 
 FLOW = """
@@ -61,11 +62,6 @@ def long(n: int = 1200):
 N = 1200
 
 
-def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ledgerflow", *args], capture_output=True,
-                          text=True, env=env, timeout=300)
-
-
 def _lines(side: Path, name: str) -> list[str]:
     path = side / name
     return path.read_text().split() if path.exists() else []
@@ -80,7 +76,7 @@ def _setup(tmp_path: Path, write_flow, cli_env: dict[str, str]
 
 
 def _result(run_id: str, ledger: str, env: dict[str, str]) -> object:
-    res = _cli("result", run_id, "--store", ledger, "--json", env=env)
+    res = pipeline_cli("result", run_id, "--store", ledger, "--json", env=env)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
@@ -88,18 +84,18 @@ def _result(run_id: str, ledger: str, env: dict[str, str]) -> object:
 def test_a_resume_after_a_failure_traces_only_when_the_module_changed(
         tmp_path: Path, write_flow, cli_env: dict[str, str]) -> None:
     flow, ledger, side, env = _setup(tmp_path, write_flow, cli_env)
-    res = _cli("run", flow, "--store", ledger, "--json", env=env)
+    res = pipeline_cli("run", flow, "--store", ledger, "--json", env=env)
     assert res.returncode == 1, res.stderr
     run_id = json.loads(res.stdout)["run_id"]
     assert len(_lines(side, "traced")) == 1 and len(_lines(side, "ran")) == N
     # unchanged module, the task still failing: nothing traced, nothing kept ran again
-    res = _cli("resume", run_id, "--store", ledger, "--executor", "inline", env=env)
+    res = pipeline_cli("resume", run_id, "--store", ledger, "--executor", "inline", env=env)
     assert res.returncode == 1, res.stderr
     assert len(_lines(side, "traced")) == 1
     # the module edited (a comment is enough): the resume traces the body again
     Path(flow).write_text(Path(flow).read_text() + "\n# edited\n")
     (side / "go").write_text("")
-    res = _cli("resume", run_id, "--store", ledger, "--executor", "inline", env=env)
+    res = pipeline_cli("resume", run_id, "--store", ledger, "--executor", "inline", env=env)
     assert res.returncode == 0, res.stderr
     assert len(_lines(side, "traced")) == 2
     assert "the source of pipeline long changed since the run started" in res.stderr
@@ -122,11 +118,11 @@ def test_a_resume_after_kill_9_drives_the_rest_from_the_recorded_graph(
     proc.communicate()
     assert _lines(side, "ran") == [str(i) for i in range(700)]
     (side / "go").write_text("")
-    res = _cli("resume", run_id, "--store", ledger, "--executor", "inline", env=env)
+    res = pipeline_cli("resume", run_id, "--store", ledger, "--executor", "inline", env=env)
     assert res.returncode == 0, res.stderr
     assert len(_lines(side, "traced")) == 1           # the recorded graph, not a new trace
     # step 700 was in flight when killed: it runs again; the rest ran once each
     assert sorted(map(int, _lines(side, "ran"))) == list(range(N))
     assert _result(run_id, ledger, env) == sum(range(N))
-    status = json.loads(_cli("status", run_id, "--store", ledger, "--json", env=env).stdout)
+    status = json.loads(pipeline_cli("status", run_id, "--store", ledger, "--json", env=env).stdout)
     assert status["state"] == "succeeded"

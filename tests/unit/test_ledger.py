@@ -212,6 +212,6 @@ def test_a_renewal_in_progress_when_the_lease_is_released_writes_no_lease_after_
     beat = Heartbeat(leases, "r1", 1)
     assert writing.wait(30), "no renewal started"
     beat.stop()                         # waits for the renewal in progress
+    assert not beat._thread.is_alive()  # so nothing can write the lease after this
     leases.remove("r1", 1)
-    time.sleep(0.8)
     assert leases.read("r1") is None

@@ -200,3 +200,39 @@ def test_a_row_the_recorded_graph_does_not_name_makes_the_resume_trace(
     assert recipe.partial(shaped, view, st) is not None
     view.tasks["stranger"] = TaskRow("stranger", "inc", state="failed")
     assert recipe.partial(shaped, view, st) is None
+
+
+@pytest.mark.parametrize("damage", [b"not json", b'{"v": 99}'])
+def test_an_unreadable_or_unknown_recipe_makes_the_resume_trace(
+        tmp_path: Path, env: Path, damage: bytes) -> None:
+    store = str(tmp_path / "ledger.duckdb")
+    run_id = _failed(shaped, store, env)
+    st = ledgerflow.get_run(run_id, store=store).store
+    options = json.loads(st.get_run(run_id, tasks=False).options or "{}")
+    Path(st.result_path(options["recipe"])).write_bytes(damage)     # type: ignore[attr-defined]
+    run = ledgerflow.resume(run_id, store=store, executor="inline")
+    assert TRACED == ["shaped", "shaped"]           # traced again, and right
+    assert run.graph is not None and not run.graph.partial
+    assert run.result()["value"] == run.result()["first"][0] * 10 + len("t\"'\n")
+
+
+def test_a_drive_between_the_read_and_the_takeover_makes_the_resume_trace(
+        tmp_path: Path, env: Path) -> None:
+    from ledgerflow.launch import continue_run
+    from ledgerflow.opening import settings_for
+    from ledgerflow_stores.duckdb.store import DuckDBStore
+
+    store = str(tmp_path / "ledger.duckdb")
+    run_id = _failed(shaped, store, env)
+    st = DuckDBStore(store)
+    view = st.frontier(run_id)
+    assert view is not None
+    graph = recipe.partial(shaped, view, st)
+    assert graph is not None and graph.partial
+    view.token -= 1         # as if another driver took the run over after this read
+    run = continue_run(shaped, view, st, settings=settings_for(st, "inline"),
+                       executor="inline", graph=graph, cache={})
+    assert run.state == "succeeded"
+    assert TRACED == ["shaped", "shaped"]           # its prior was read again: traced
+    assert run.graph is not None and not run.graph.partial
+    assert _ran(tmp_path).count("flaky") == 2       # the failed attempt, then this one

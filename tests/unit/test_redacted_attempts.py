@@ -12,11 +12,12 @@ import gzip
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import ledgerflow
-from ledgerflow import pipeline, task
+from ledgerflow import TaskTimedOut, pipeline, task
 
 KEY = "sk-live-7f3a9c1e5b2d4068"
 
@@ -57,6 +58,57 @@ def test_a_task_quoting_a_key_leaves_the_key_out_of_the_ledger(
     assert "calling the service with [redacted LF_REDACT_TEST_API_KEY]" in text
     assert "retrying with [redacted LF_REDACT_TEST_API_KEY]" in text
     assert KEY.encode() not in _ledger_bytes(store)
+
+
+class _Unsendable:
+    def __reduce__(self) -> Any:
+        raise TypeError(f"cannot send {os.environ['LF_REDACT_TEST_API_KEY']}")
+
+
+@task(retries=0)
+def timed_out() -> int:
+    raise TaskTimedOut(f"gave up waiting with {os.environ['LF_REDACT_TEST_API_KEY']}")
+
+
+@task(retries=0)
+def exits() -> int:
+    raise SystemExit(os.environ["LF_REDACT_TEST_API_KEY"])
+
+
+@task(retries=0)
+def unsendable() -> object:
+    return _Unsendable()
+
+
+@pipeline
+def other_ends():
+    return [timed_out(), exits(), unsendable()]
+
+
+def test_a_key_in_a_timeout_an_exit_or_an_unsendable_result_is_left_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LF_REDACT_TEST_API_KEY", KEY)
+    store = str(tmp_path / "ledger.duckdb")
+    run = other_ends.run(store=store, executor="inline")
+    assert run.state == "failed"
+    errors = {a["task_key"]: a["error_message"] for a in run.attempts()}
+    assert errors == {
+        "timed_out": "gave up waiting with [redacted LF_REDACT_TEST_API_KEY]",
+        "exits": "the task raised SystemExit (exit code "
+                 "'[redacted LF_REDACT_TEST_API_KEY]'); its attempt failed",
+        "unsendable": "result could not be serialised: cannot send "
+                      "[redacted LF_REDACT_TEST_API_KEY]"}
+    assert KEY.encode() not in _ledger_bytes(store)
+
+
+def test_an_executor_that_cannot_start_a_job_reports_no_key(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ledgerflow.executor import not_started
+
+    monkeypatch.setenv("LF_REDACT_TEST_API_KEY", KEY)
+    c = not_started(7, ValueError(f"cannot pickle a client holding {KEY}"))
+    assert c.error_message == ("executor could not start it: cannot pickle a client "
+                               "holding [redacted LF_REDACT_TEST_API_KEY]")
 
 
 def test_a_short_or_unnamed_value_is_left_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
