@@ -187,16 +187,21 @@ def test_only_a_store_a_resume_reads_a_recipe_from_records_one(tmp_path: Path, e
         assert ("recipe" in options) is (st is not mem), options    # memory: no frontier read
 
 
+def _frontier_of_failed(tmp_path: Path, flag: Path) -> tuple[Any, Any]:
+    """A failed run of ``shaped`` on DuckDB: its store, and its frontier read."""
+    from ledgerflow_stores.duckdb.store import DuckDBStore
+
+    st = DuckDBStore(str(tmp_path / "ledger.duckdb"))
+    view = st.frontier(_failed(shaped, st.location, flag))
+    assert view is not None and view.settled
+    return st, view
+
+
 def test_a_row_the_recorded_graph_does_not_name_makes_the_resume_trace(
         tmp_path: Path, env: Path) -> None:
     from ledgerflow.views import TaskRow
-    from ledgerflow_stores.duckdb.store import DuckDBStore
 
-    store = str(tmp_path / "ledger.duckdb")
-    run_id = _failed(shaped, store, env)
-    st = DuckDBStore(store)
-    view = st.frontier(run_id)
-    assert view is not None and view.settled
+    st, view = _frontier_of_failed(tmp_path, env)
     assert recipe.partial(shaped, view, st) is not None
     view.tasks["stranger"] = TaskRow("stranger", "inc", state="failed")
     assert recipe.partial(shaped, view, st) is None
@@ -220,13 +225,8 @@ def test_a_drive_between_the_read_and_the_takeover_makes_the_resume_trace(
         tmp_path: Path, env: Path) -> None:
     from ledgerflow.launch import continue_run
     from ledgerflow.opening import settings_for
-    from ledgerflow_stores.duckdb.store import DuckDBStore
 
-    store = str(tmp_path / "ledger.duckdb")
-    run_id = _failed(shaped, store, env)
-    st = DuckDBStore(store)
-    view = st.frontier(run_id)
-    assert view is not None
+    st, view = _frontier_of_failed(tmp_path, env)
     graph = recipe.partial(shaped, view, st)
     assert graph is not None and graph.partial
     view.token -= 1         # as if another driver took the run over after this read
