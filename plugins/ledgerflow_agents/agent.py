@@ -341,7 +341,8 @@ def agent_task(fn: Callable[..., object] | None = None, /, *, model: str | ChatM
 
         made: Task[..., Any] = task(retries=retries, retry_delay=retry_delay, version=version,
                                     name=name or f.__name__, cache=cache,
-                                    **task_options)(body)
+                                    # a model's bill and a tool's effect: never unseen twice
+                                    **{"side_effects": True, **task_options})(body)
         setattr(made, "agent", cfg)     # noqa: B010 - what the task was declared with
         return made
 

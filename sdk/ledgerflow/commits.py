@@ -65,8 +65,9 @@ _LOST = Outcome.LOST.value
 class Journal:
     """The records of one drive, buffered until the next group commit."""
 
-    __slots__ = ("active", "buf", "changes", "ended", "hears_attempts", "lease", "lease_probe",
-                 "observed", "observers", "run_id", "run_state", "seq", "store")
+    __slots__ = ("active", "buf", "changes", "durable_due", "ended", "failed", "flushed_at",
+                 "hears_attempts", "lag", "lease", "lease_probe", "observed", "observers",
+                 "run_id", "run_state", "seq", "store", "unheard")
 
     def __init__(self, store: RunStore, run_id: str, observers: Observers,
                  prior: RunView | None) -> None:
@@ -84,6 +85,12 @@ class Journal:
         self.hears_attempts = observers.hears_attempts
         #: the store's optional lease-loss probe (see :meth:`check_lease`)
         self.lease_probe: Callable[[Lease], str | None] | None = lease_probe(store)
+        #: the commit lag (``Settings.commit_lag``; 0: off), when the last commit was
+        #: made (monotonic), and whether an attempt that must not lag was dispatched since
+        self.lag, self.flushed_at, self.durable_due = 0.0, 0.0, False
+        #: commits a :class:`LagWriter` wrote, observers not yet told; what it raised
+        self.unheard: list[list[Record]] = []
+        self.failed: BaseException | None = None
 
     # -- the run's own records ----------------------------------------------------------
     def create(self, *, pipeline: str, target: str | None, params: dict[str, Any],
@@ -270,19 +277,80 @@ class Journal:
         log.warning("run %s task %s attempt %d: %s", self.run_id, key, attempt, message)
         self.buf.append(Notice(key, attempt, kind, message, time.time()))
 
-    def flush(self) -> None:
-        """Write the buffered records (one group commit), then tell observers."""
+    def due(self) -> bool:
+        """True if the attempts about to start need the group commit first: durable
+        before start, unless the lag is on, none of them must not lag, and the last
+        commit is younger than the lag (then they start on, and it commits later)."""
+        return (not self.lag or self.durable_due
+                or time.monotonic() - self.flushed_at >= self.lag)
+
+    def write(self) -> None:
+        """Write the buffered records (one group commit); observers hear at :meth:`flush`."""
+        self.flushed_at, self.durable_due = time.monotonic(), False
         if self.buf:
             records, self.buf = self.buf, []
             assert self.lease is not None
             self.store.append(self.lease, records)
-            self.observers.committed(self.run_id, records, self.store)
+            self.unheard.append(records)
+
+    def flush(self) -> None:
+        """Write the buffered records (one group commit), then tell observers."""
+        if self.failed is not None:     # a LagWriter's commit failed: the drive stops
+            failed, self.failed = self.failed, None
+            raise failed
+        self.write()
+        if self.unheard:
+            unheard, self.unheard = self.unheard, []
+            for records in unheard:
+                self.observers.committed(self.run_id, records, self.store)
         if self.changes:
             changes, self.changes = self.changes, []
             self.observers.changed(changes)
         if self.ended:
             ended, self.ended = self.ended, []
             self.observers.ended(self.run_id, ended)
+
+
+class LagWriter:
+    """Writes a lagged group commit while an in-driver attempt runs on past the lag, so
+    no record waits for the journal much longer than the lag (``Settings.commit_lag``),
+    however long the attempt takes. It checks every half lag; the driver thread holds
+    :attr:`guard` from the end of an attempt on, so the two never touch the buffer at
+    once (an attempt in the driver thread does not touch it)."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.j = journal
+        self.guard = threading.Lock()
+        self.inside = False         # the driver thread is in an attempt
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"ledgerflow-commit-{journal.run_id}")
+        self._thread.start()
+
+    def attempt(self, fn: Callable[..., Completion], *args: Any) -> Completion:
+        """``fn(*args)``, an attempt run in the driver thread; the journal may be written
+        meanwhile."""
+        self.inside = True
+        try:
+            return fn(*args)
+        finally:
+            with self.guard:
+                self.inside = False
+
+    def _run(self) -> None:
+        j = self.j
+        while not self._stop.wait(j.lag / 2):
+            if self.inside and j.buf and time.monotonic() - j.flushed_at >= j.lag:
+                with self.guard:
+                    if self.inside and j.buf:
+                        try:
+                            j.write()
+                        except BaseException as exc:    # raised by the driver's next flush
+                            j.failed = exc
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def driver_header(token: int) -> DriverHeader:

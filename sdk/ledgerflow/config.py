@@ -44,6 +44,13 @@ class Settings:
     logs: bool = False
     #: Keep driving while approvals are pending (else the run stops ``waiting``).
     wait_approvals: bool = False
+    #: Seconds an in-driver attempt (the ``inline`` executor) may start before the
+    #: records of the attempts started since the last commit are written: one commit
+    #: per lag instead of one per task. A crash re-runs, unseen, at most the attempts
+    #: started within one lag (plus the one in flight). 0: every start is committed
+    #: first. Never lagged: tasks with ``side_effects``, retries, a gate or a timeout,
+    #: resumes, and executors outside the driver.
+    commit_lag: float = 0.01
     options: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -66,6 +73,8 @@ class Settings:
         if env.get("LEDGERFLOW_WAIT_APPROVALS"):
             values["wait_approvals"] = env["LEDGERFLOW_WAIT_APPROVALS"].lower() in (
                 "1", "true", "yes", "on")
+        if env.get("LEDGERFLOW_COMMIT_LAG"):
+            values["commit_lag"] = _seconds("LEDGERFLOW_COMMIT_LAG", env["LEDGERFLOW_COMMIT_LAG"])
         if env.get("LEDGERFLOW_CANCEL_GRACE"):   # seconds to wait for a cancel to be confirmed
             values["options"] = {"cancel_grace": env["LEDGERFLOW_CANCEL_GRACE"]}
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -74,12 +83,24 @@ class Settings:
             if kind is not None:
                 values["store_kind"] = kind
         settings = cls(**values)  # type: ignore[arg-type]
+        if settings.commit_lag < 0:
+            raise ConfigError(f"commit_lag must be 0 or more seconds, given: "
+                              f"{settings.commit_lag}", hint="use commit_lag=0 to commit "
+                              "every start first, or the default 0.01")
         if settings.workers < 1:
             raise ConfigError(f"workers must be at least 1, given: {settings.workers}",
                               hint="pass --workers 1 or more")
         if settings.store_kind == "duckdb" and settings.store == DEFAULT_STORE:
             settings = replace(settings, store=str(Path.cwd() / DEFAULT_STORE))
         return settings
+
+
+def _seconds(name: str, raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of seconds, given: {raw!r}",
+                          hint=f"set {name}=0.01 or unset it") from None
 
 
 def _positive_int(name: str, raw: str) -> int:

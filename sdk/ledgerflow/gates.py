@@ -48,6 +48,7 @@ from .approval import (
     previous_of,
     render,
     request_doc,
+    task_digest,
     unstable,
 )
 from .edits import spec_of
@@ -197,10 +198,14 @@ class Gates:
         deadline, on_timeout = self.requested.get(dg, (None, "fail"))
         self.open[inst.key] = (inst, dg, deadline, on_timeout)
 
-    def check(self, inst: Instance, dg: str, gate: Approval, args: Iterable[Any] = (),
-              kwargs: Mapping[str, Any] | None = None) -> Verdict:
-        """A gate on the task (``@task(approve=...)``) before its attempt; ``args`` and
-        ``kwargs``: the values it is called with (shown to the approver, masked)."""
+    def check(self, inst: Instance, literals: bytes, ups: Iterable[str],
+              args: Iterable[Any] = (), kwargs: Mapping[str, Any] | None = None) -> Verdict:
+        """The gate on the task (``@task(approve=...)``) before its attempt, bound to its
+        literal arguments and upstream hashes; ``args`` and ``kwargs``: the values it is
+        called with (shown to the approver, masked)."""
+        gate = inst.node.task.options.approve
+        assert gate is not None
+        dg = task_digest(self.run_id, inst.key, inst.node.task.version, literals, ups)
         dec = self.decided.get(dg)
         if dec is None:
             inputs = {u.key: u.hash or "" for u in inst.up} if inst.up else {}

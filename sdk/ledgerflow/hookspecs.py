@@ -39,6 +39,11 @@ a step says otherwise):
       ``threads``). So no task code runs before its ``running`` is durable
       (*durable before start*), and a dependent starts only after the commit
       that holds its upstream's success and result (*durable before unlock*).
+      One exception, the *commit lag* (``Settings.commit_lag``, 10 ms): on an
+      executor that runs in the driver, in a run's first drive, an attempt of a
+      task without side effects, retries, gate or timeout may start without
+      this commit while the last one is younger than the lag; the records go
+      out with the next commit (and the hooks of 4a-4c after it).
 
 5. *In the worker* (a thread, process or cluster worker; no hook is called
    there): ``executor.execute`` enters the carrier's ``scope()`` around the

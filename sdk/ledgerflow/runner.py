@@ -20,14 +20,12 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from functools import partial
-from typing import Any
 
 from . import outcomes
 from ._gc import quiet_gc
-from .approval import task_digest
 from .attempt_log import StepResults
 from .caching import Cache
-from .commits import Journal
+from .commits import Journal, LagWriter
 from .config import Settings
 from .errors import InvalidTransitionError
 from .executor import Completion, Executor, Job, execute, not_started, queue_ahead, runs_in_driver
@@ -54,8 +52,7 @@ _ERROR, _CANCELLED_O = Outcome.ERROR.value, Outcome.CANCELLED.value
 _TERMINAL = frozenset(s.value for s in TERMINAL)
 _NOT_STARTED = frozenset(s.value for s in NOT_STARTED)
 
-#: A group commit is flushed once it holds this many records, even while more
-#: tasks are ready (a fan-out would otherwise commit once at the end).
+#: A group commit is flushed at this many records (else a fan-out commits once, at the end).
 COMMIT_RECORDS = 4096
 
 
@@ -107,6 +104,8 @@ class Runner:
         folders: tuple[str | None, str | None] = worker_folders(store, run_id) or (None, None)
         self.ledger_folder, self.run_folder = folders
         self.steps = StepResults(self.run_folder)
+        # the commit lag: in-driver attempts of a first drive only
+        j.lag = settings.commit_lag if self.in_driver and prior is None else 0.0
 
     #: the observer hooks someone implements, or None (tests read these)
     hook_records = property(lambda self: self.observers.records)
@@ -119,8 +118,10 @@ class Runner:
 
     # -- commits ------------------------------------------------------------------------
     def _commit(self) -> None:
-        """Flush, then hand the attempts dispatched meanwhile to the executor."""
-        self._flush()
+        """Flush (unless the commit may lag), then hand the attempts dispatched
+        meanwhile to the executor."""
+        if not self.starting or self.j.due():
+            self._flush()
         if self.starting:
             jobs, self.starting = self.starting, []
             for job in jobs:
@@ -140,9 +141,8 @@ class Runner:
         restored: list[Instance] = []
         for inst in created:
             if len(self.j.buf) >= COMMIT_RECORDS:
-                # creating many tasks: write their records as they come (nothing runs
-                # before they are committed anyway), so 100,000 new tasks are not one
-                # 15 MB commit and a crash meanwhile leaves a consistent prefix
+                # many new tasks: their records are written as they come (not one 15 MB
+                # commit), so a crash meanwhile leaves a consistent prefix
                 self._flush()
             row = prior.get(inst.key)
             if row is None:
@@ -182,6 +182,7 @@ class Runner:
             raise InvalidTransitionError(f"run {self.run_id} is driven without a lease")
         self._driver = threading.get_ident()
         self.executor.start(workers=self.workers, on_complete=self._on_complete)
+        self.lag_writer: LagWriter | None = LagWriter(self.j) if self.j.lag else None
         with quiet_gc():
             try:
                 if self.prior is not None and self.prior.signals is not False:
@@ -191,6 +192,8 @@ class Runner:
                 self._adopt(self.plan.instantiate())
                 return self._loop()
             finally:
+                if self.lag_writer is not None:
+                    self.lag_writer.stop()
                 self.executor.shutdown()
 
     def _poll_cancel(self) -> None:
@@ -249,6 +252,8 @@ class Runner:
     def _wait(self) -> None:
         if self.inbox:
             return
+        if self.j.buf and self.j.lag:
+            self._flush()       # a lagged commit does not wait
         timeout = self.timers.wait_at_most(0.1)
         self.wake.clear()
         if not self.inbox:
@@ -284,7 +289,8 @@ class Runner:
                 self.j.reuse(inst, hit)
                 self._unlock(inst)
                 return
-        if opts.approve is not None and not self._gate_passed(inst, literals, ups, args, kwargs):
+        if opts.approve is not None and not self._apply_gate(
+                inst, self.gates.check(inst, literals, ups, args, kwargs)):
             return      # it waits, or failed
         inst.attempt += 1
         inst.used += 1
@@ -297,6 +303,8 @@ class Runner:
                   ledger_folder=self.ledger_folder, run_folder=self.run_folder)
         inst.job = job
         self.jobs.add(job.id, inst)
+        if opts.durable_start:
+            self.j.durable_due = True
         self._move(inst, _RUNNING, f"attempt {inst.attempt}{rejected}")
         if opts.timeout is not None and self.own_timers:
             self.timers.add(opts.timeout, "timeout", job.id)
@@ -314,7 +322,9 @@ class Runner:
             job.carrier = self.observers.carrier(job)
         if self.in_driver or (alone and self.inline_when_alone and job.timeout is None
                               and len(self.running) == 1 and not self.ready):
-            c = execute(job, self._cancel_seen)
+            lw = self.lag_writer
+            c = execute(job, self._cancel_seen) if lw is None else lw.attempt(
+                execute, job, self._cancel_seen)
             self.j.check_lease()
             if c.outcome == _CANCELLED_O and not self.cancelling and self._cancel_seen():
                 self._start_cancel("cancel requested")   # running -> cancelling first
@@ -326,14 +336,6 @@ class Runner:
             self._on_complete(not_started(job.id, exc))
 
     # -- approval gates -------------------------------------------------------------------
-    def _gate_passed(self, inst: Instance, literals: bytes, ups: Any, args: Any,
-                     kwargs: Any) -> bool:
-        """A task gate: True if approved; else the task waits (or fails if refused)."""
-        gate = inst.node.task.options.approve
-        assert gate is not None
-        dg = task_digest(self.run_id, inst.key, inst.node.task.version, literals, ups)
-        return self._apply_gate(inst, self.gates.check(inst, dg, gate, args, kwargs))
-
     def _apply_gate(self, inst: Instance, verdict: Verdict) -> bool:
         """Apply what a gate decided (see :mod:`ledgerflow.gates`); True if it passed."""
         if verdict.record is not None:

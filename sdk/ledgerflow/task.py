@@ -47,6 +47,17 @@ class TaskOptions:
     approve: Approval | None = None
     #: A check of a cache hit from another run (see :func:`task`).
     verify: Callable[..., object] | None = None
+    #: The task acts on the world (writes outside its result, calls out): its start is
+    #: always committed before it runs, never within the commit lag (see :func:`task`).
+    side_effects: bool = False
+
+    @property
+    def durable_start(self) -> bool:
+        """True if an attempt's ``running`` must be committed before the attempt starts
+        (see :attr:`ledgerflow.config.Settings.commit_lag`): side effects, retries that
+        count lost attempts, a gate, or a timeout."""
+        return (self.side_effects or self.retries > 0 or self.approve is not None
+                or self.timeout is not None)
 
     @classmethod
     def from_arguments(cls, *, retries: int = 0, retry_delay: float = 0.0, backoff: float = 1.0,
@@ -374,6 +385,7 @@ def task(*, retries: int = 0, retry_delay: float = 0.0, backoff: float = 1.0,
          name: str | None = None,
          approve: bool | Approval | None = None,
          verify: Callable[..., object] | None = None,
+         side_effects: bool = False,
          ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -384,6 +396,7 @@ def task(fn: Callable[P, R] | None = None, /, *, retries: int = 0, retry_delay: 
          name: str | None = None,
          approve: bool | Approval | None = None,
          verify: Callable[..., object] | None = None,
+         side_effects: bool = False,
          ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Make a function a task; use bare or with options.
 
@@ -407,6 +420,10 @@ def task(fn: Callable[P, R] | None = None, /, *, retries: int = 0, retry_delay: 
             returns True, else (False, or an exception) the task runs again.
             Keep it cheap; successes kept by a resume of the same run are not
             verified again.
+        side_effects: the task acts on the world (sends, writes outside its
+            result): an in-driver attempt of it starts only once its ``running``
+            is committed, so a crash never repeats it unseen (plain tasks may
+            start within the commit lag, ``Settings.commit_lag``).
 
     Example:
         >>> @task(retries=2)
@@ -421,7 +438,7 @@ def task(fn: Callable[P, R] | None = None, /, *, retries: int = 0, retry_delay: 
     options = TaskOptions.from_arguments(
         retries=retries, retry_delay=retry_delay, backoff=backoff, jitter=jitter,
         timeout=timeout, retry_on=retry_on, cache=cache, version=version, name=name,
-        approve=gate_of(approve), verify=verify)
+        approve=gate_of(approve), verify=verify, side_effects=side_effects)
 
     def wrap(f: Callable[P, R]) -> Task[P, R]:
         if isinstance(f, Task):

@@ -33,7 +33,7 @@ SIDE = os.environ["SIDE"]
 def items(n: int) -> list[int]:
     return list(range(n))
 
-@task
+@task(side_effects=True)      # its start is committed before it runs: no commit lag
 def effect(i: int) -> int:
     with open(SIDE, "a") as fh:            # the side effect a re-run would repeat
         fh.write(f"effect[{i}]\\n")

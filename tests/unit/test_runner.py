@@ -334,8 +334,8 @@ def test_durable_before_unlock(ledger: str) -> None:
 
 def test_durable_before_unlock_under_bounded_group_commits(ledger: str, monkeypatch) -> None:
     """Group commits flushed every few records mid-loop, inline (no thread hand-off
-    to hide a race): still no task runs before its upstream's success is readable
-    from the ledger."""
+    to hide a race): still no task with side effects runs before its upstream's
+    success is readable from the ledger (the commit lag never applies to it)."""
     import ledgerflow.runner
     from ledgerflow_stores.duckdb import DuckDBStore
     monkeypatch.setattr(ledgerflow.runner, "COMMIT_RECORDS", 7)
@@ -352,7 +352,7 @@ def test_durable_before_unlock_under_bounded_group_commits(ledger: str, monkeypa
     def first(i: int) -> int:
         return i
 
-    @task
+    @task(side_effects=True)
     def step(upstream: str | None) -> str:
         if upstream is not None:
             view = ledgerflow.get_run(context().run_id, store=ledger).status()

@@ -179,5 +179,5 @@ def program(name: str, argv: Sequence[str] | str, *, env: Mapping[str, str] | No
     options = TaskOptions.from_arguments(
         retries=retries, retry_delay=retry_delay, backoff=backoff, jitter=jitter,
         timeout=None, retry_on=retry_on, cache=cache,
-        version="program:" + digest(what.encode()), name=name)
+        version="program:" + digest(what.encode()), name=name, side_effects=True)
     return ProgramTask(spec, options)
