@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TypeVar
 
 from .errors import ConfigError
 
@@ -16,6 +17,7 @@ DEFAULT_STORE = os.path.join(".ledgerflow", "ledger.duckdb")
 
 #: Store locations that name a PostgreSQL database (the ``postgres`` store plugin).
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+T = TypeVar("T", int, float)
 
 
 def store_kind_for(location: str) -> str | None:
@@ -96,16 +98,16 @@ class Settings:
 
 
 def _seconds(name: str, raw: str) -> float:
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a number of seconds, given: {raw!r}",
-                          hint=f"set {name}=0.01 or unset it") from None
+    return _parsed(name, raw, float, "a number of seconds", "0.01")
 
 
 def _positive_int(name: str, raw: str) -> int:
+    return _parsed(name, raw, int, "a whole number", "4")
+
+
+def _parsed(name: str, raw: str, kind: type[T], what: str, example: str) -> T:
     try:
-        return int(raw)
+        return kind(raw)
     except ValueError:
-        raise ConfigError(f"{name} must be a whole number, given: {raw!r}",
-                          hint=f"set {name}=4 or unset it") from None
+        raise ConfigError(f"{name} must be {what}, given: {raw!r}",
+                          hint=f"set {name}={example} or unset it") from None
