@@ -16,6 +16,7 @@ import pytest
 import ledgerflow
 from ledgerflow import context, pipeline, task
 from ledgerflow.errors import ConfigError
+from tests.waiting import wait_until
 
 SEEN: list[str] = []        # per task after the first: its upstream's state in the ledger
 
@@ -131,17 +132,14 @@ def quick(i: int) -> int:
 
 @task
 def waits_to_be_seen(upstream: int) -> str:
-    """Polls the ledger until it shows this attempt running after its upstream's success."""
-    import time
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    """Waits until the ledger shows this attempt running after its upstream's success."""
+    def seen() -> bool:
         view = ledgerflow.get_run(context().run_id, store=os.environ["LAG_LEDGER"]).status()
         me, up = view.tasks.get(context().task_key), view.tasks.get("quick-5")
-        if me is not None and me.state == "running" and up is not None \
-                and up.state == "succeeded":
-            return "seen"
-        time.sleep(0.05)
-    return "never"
+        return (me is not None and me.state == "running" and up is not None
+                and up.state == "succeeded")
+    wait_until(seen, what="the attempt committed while it runs", every=0.05)
+    return "seen"
 
 
 def test_a_long_attempt_started_within_the_lag_is_committed_while_it_runs(ledger: str,
