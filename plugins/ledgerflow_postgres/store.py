@@ -41,7 +41,7 @@ from ledgerflow.errors import (
 )
 from ledgerflow.ledger import RecordReads, matching
 from ledgerflow.projection import apply
-from ledgerflow.records import AnyRecord, ApprovalDecided, Record, RunDefined, encode_line
+from ledgerflow.records import AnyRecord, ApprovalDecided, Record, RunDefined, encode_line, expand
 from ledgerflow.states import RUN_ACTIVE
 from ledgerflow.store import CacheHit, Lease
 from ledgerflow.views import RunView, decision_dict
@@ -243,6 +243,7 @@ class PostgresStore(RecordReads):
     def append(self, lease: Lease, records: Sequence[Record]) -> None:
         if not records:
             return
+        records = expand(records)   # the commits table and its fold hold one record a row
         run_id = lease.run_id
         if self.keeper.lost(run_id, lease.token) is not None:
             raise self._lost(lease)

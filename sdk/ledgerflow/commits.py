@@ -32,6 +32,7 @@ from .records import (
     ResultRecorded,
     RunDefined,
     RunStateChanged,
+    Succeeded,
     TaskCreated,
     Transition,
 )
@@ -59,7 +60,8 @@ log = logging.getLogger("ledgerflow")
 _TERMINAL = frozenset(s.value for s in TERMINAL)
 _SUCCEEDED, _PENDING = TaskState.SUCCEEDED.value, TaskState.PENDING
 _PENDING_V = _PENDING.value
-_LOST = Outcome.LOST.value
+_LOST, _OK = Outcome.LOST.value, Outcome.OK.value
+_RUNNING = TaskState.RUNNING.value
 
 
 class Journal:
@@ -166,7 +168,26 @@ class Journal:
 
     def move(self, inst: Instance, target: str, reason: str = "", *,
              resume: bool = False) -> None:
-        """Apply one task transition: check it, record it, queue it for observers."""
+        """Apply one task transition: check it, record it, queue it for observers.
+
+        A move right after the task's last one in the buffer is written into that
+        record (its ``then_state``: format 3), not as a record of its own.
+        """
+        old = self._step(inst, target, reason, resume)
+        seq, now, buf = self.seq, time.time(), self.buf
+        last: Any = buf[-1] if buf else None
+        kind = type(last)
+        if (kind is Transition or kind is TaskCreated) and last.then_state is None \
+                and last.seq == seq - 1 and last.task_key == inst.key:
+            last.then_state, last.then_attempt, last.then_reason, last.then_ts = (
+                target, inst.attempt, reason, now)
+        else:
+            buf.append(Transition(seq, inst.key, inst.attempt, old or None, target, reason,
+                                  now))
+
+    def _step(self, inst: Instance, target: str, reason: str, resume: bool) -> str | None:
+        """Check a task transition and apply it to ``inst`` and the counts (the caller
+        records it as move ``self.seq``); returns the state it left."""
         old = inst.state
         if old:
             if target not in _TASK_EDGES[old]:
@@ -174,8 +195,6 @@ class Journal:
         elif target != _PENDING_V:      # a creation goes to pending, nowhere else
             transition(inst.key, None, target, resume=resume)      # raises
         self.seq += 1
-        self.buf.append(Transition(self.seq, inst.key, inst.attempt, old or None, target,
-                                   reason, time.time()))
         inst.state = target
         if target in _TERMINAL:
             self.active -= 1
@@ -184,9 +203,10 @@ class Journal:
         if self.observed:
             self.changes.append((self.run_id, inst.key, old or None, target, inst.attempt,
                                  reason))
+        return old
 
     def create_task(self, inst: Instance, now: float) -> None:
-        """Record a new task and its creation (``None -> pending``).
+        """Record a new task and its creation (``None -> pending``, in the same record).
 
         Its upstream keys are the tasks it reads from; a fan-out child with an
         item names the task whose list it was mapped over first (lineage shows
@@ -197,14 +217,18 @@ class Journal:
         ups = [u.key for u in inst.up]
         if g is not None and inst.has_item and g.source is not None:
             ups.insert(0, g.source.key)
+        self._step(inst, _PENDING_V, "", False)
         self.buf.append(TaskCreated(
             inst.key, node.task.name, node.key,
             None if g is None else inst.key[len(node.key):], inst.pos,
-            ups, node.task.version, now))
-        self.move(inst, _PENDING.value)
+            ups, node.task.version, now, self.seq))
 
     def succeed(self, inst: Instance, c: Completion) -> None:
-        """Record the result an attempt reported (its blob stored first), then its success."""
+        """Record the result an attempt reported (its blob stored first), then its success.
+
+        Right after the plain ``ok`` of that attempt, the three are one record
+        (:class:`~ledgerflow.records.Succeeded`).
+        """
         enc = c.encoded
         assert enc is not None
         if c.has_value:
@@ -217,10 +241,19 @@ class Journal:
         if uri is not None and not c.has_value:
             inst.enc = None
             inst.ref = (enc.kind, None, uri)
-        self.buf.append(ResultRecorded(inst.key, inst.attempt, inst.fp, enc.hash, enc.kind,
-                                       data, uri, enc.size, None))
+        buf = self.buf
+        a: Any = buf[-1] if buf else None
+        if type(a) is AttemptEnded and inst.state == _RUNNING and a.outcome == _OK \
+                and a.task_key == inst.key and a.attempt == inst.attempt \
+                and not (a.error_type or a.error_message or a.traceback):
+            self._step(inst, _SUCCEEDED, "", False)
+            buf[-1] = Succeeded(self.seq, inst.key, inst.attempt, a.started_at, a.ended_at,
+                                inst.fp, enc.hash, enc.kind, data, uri, enc.size, time.time())
+        else:
+            buf.append(ResultRecorded(inst.key, inst.attempt, inst.fp, enc.hash, enc.kind,
+                                      data, uri, enc.size, None))
+            self.move(inst, _SUCCEEDED)
         inst.fp = None      # recorded; a retry computes it again
-        self.move(inst, _SUCCEEDED)
 
     def reuse(self, inst: Instance, hit: CacheHit) -> None:
         """Record a cache hit as the task's result (no attempt runs), then its success."""

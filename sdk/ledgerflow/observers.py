@@ -14,6 +14,8 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from .records import expand
+
 if TYPE_CHECKING:
     import pluggy
 
@@ -112,9 +114,9 @@ class Observers:
             _safe("ledgerflow_run_finish hook", self.finish_hook, run_id=run_id, state=state)
 
     def committed(self, run_id: str, records: Sequence[Record], store: RunStore) -> None:
-        if self.records is not None:
+        if self.records is not None:     # told as one record a row (format 2's shape)
             _safe("ledgerflow_records_committed hook", self.records, run_id=run_id,
-                  records=records, store=store)
+                  records=expand(records), store=store)
 
     def changed(self, changes: Sequence[Change]) -> None:
         hook, progress = self.changed_hook, self.progress

@@ -17,6 +17,7 @@ from .records import (
     ResultRecorded,
     RunDefined,
     RunStateChanged,
+    Succeeded,
     TaskCreated,
     Transition,
 )
@@ -24,6 +25,7 @@ from .states import RUN_TERMINAL, TERMINAL, TaskState
 from .views import RunView, TaskRow, error_text
 
 _RUNNING = TaskState.RUNNING.value
+_SUCCEEDED = TaskState.SUCCEEDED.value
 _PENDING = TaskState.PENDING.value
 _TERMINAL = frozenset(s.value for s in TERMINAL)
 _RUN_TERMINAL = frozenset(s.value for s in RUN_TERMINAL)
@@ -37,8 +39,36 @@ def _row(view: RunView, key: str) -> TaskRow:
     return row
 
 
+def _moved(view: RunView, row: TaskRow, seq: int, attempt: int, from_state: str | None,
+           to: str, reason: str, ts: float) -> None:
+    """Apply one task move to ``row``."""
+    row.state = to
+    if attempt > row.attempts:
+        row.attempts = attempt
+    if to == _RUNNING and row.started_at is None:
+        row.started_at = ts
+    if to == _PENDING and from_state is not None:       # a resume reset
+        row.budget_base = attempt
+        row.ended_at = row.started_at = None            # timed afresh
+    elif to in _TERMINAL:
+        row.ended_at = ts
+        if to in _FAILED_WHY and row.error is None:    # no attempt said why
+            row.error = reason or None
+    if seq > view.max_seq:
+        view.max_seq = seq
+
+
+def _result(row: TaskRow, r: ResultRecorded | Succeeded, cached_from: str | None) -> None:
+    row.fingerprint, row.result_hash, row.result_kind = r.fingerprint, r.content_hash, r.kind
+    row.result_data, row.result_uri, row.result_size = r.data, r.uri, r.size
+    row.cached_from, row.result_attempt = cached_from, r.attempt
+
+
 def apply(view: RunView, records: Iterable[Record]) -> RunView:
     """Fold ``records`` into ``view`` (in place) and return it.
+
+    Format 3's outcome records are applied as the records they stand for
+    (:func:`ledgerflow.records.expand`).
 
     Example:
         >>> from ledgerflow.records import Transition
@@ -51,27 +81,29 @@ def apply(view: RunView, records: Iterable[Record]) -> RunView:
         if t is Transition:
             e: Transition = rec  # type: ignore[assignment]
             row = _row(view, e.task_key)
-            to = e.to_state
-            row.state = to
-            if e.attempt > row.attempts:
-                row.attempts = e.attempt
-            if to == _RUNNING and row.started_at is None:
-                row.started_at = e.ts
-            if to == _PENDING and e.from_state is not None:     # a resume reset
-                row.budget_base = e.attempt
-                row.ended_at = row.started_at = None            # timed afresh
-            elif to in _TERMINAL:
-                row.ended_at = e.ts
-                if to in _FAILED_WHY and row.error is None:    # no attempt said why
-                    row.error = e.reason or None
-            if e.seq > view.max_seq:
-                view.max_seq = e.seq
+            _moved(view, row, e.seq, e.attempt, e.from_state, e.to_state, e.reason, e.ts)
+            if e.then_state is not None:
+                _moved(view, row, e.seq + 1, e.then_attempt, e.to_state, e.then_state,
+                       e.then_reason, e.then_ts)
+        elif t is Succeeded:
+            s: Succeeded = rec  # type: ignore[assignment]
+            row = _row(view, s.task_key)
+            if s.attempt > row.attempts:
+                row.attempts = s.attempt
+            row.error = None        # the error text of an ok attempt
+            _result(row, s, None)
+            _moved(view, row, s.seq, s.attempt, _RUNNING, _SUCCEEDED, "", s.ts)
         elif t is TaskCreated:
             c: TaskCreated = rec  # type: ignore[assignment]
             row = _row(view, c.task_key)
             row.task_name, row.node, row.item_key = c.task_name, c.node, c.item_key
             row.position, row.upstream, row.code_version = (
                 c.position, list(c.upstream), c.code_version)
+            if c.seq:
+                _moved(view, row, c.seq, 0, None, _PENDING, "", c.at)
+                if c.then_state is not None:
+                    _moved(view, row, c.seq + 1, c.then_attempt, _PENDING, c.then_state,
+                           c.then_reason, c.then_ts)
         elif t is AttemptEnded:
             a: AttemptEnded = rec  # type: ignore[assignment]
             row = _row(view, a.task_key)
@@ -80,15 +112,11 @@ def apply(view: RunView, records: Iterable[Record]) -> RunView:
             row.error = error_text(a.outcome, a.error_type, a.error_message)
         elif t is ResultRecorded:
             r: ResultRecorded = rec  # type: ignore[assignment]
-            row = _row(view, r.task_key)
-            row.fingerprint, row.result_hash, row.result_kind = (
-                r.fingerprint, r.content_hash, r.kind)
-            row.result_data, row.result_uri, row.result_size = r.data, r.uri, r.size
-            row.cached_from, row.result_attempt = r.cached_from, r.attempt
+            _result(_row(view, r.task_key), r, r.cached_from)
         elif t is RunStateChanged:
-            s: RunStateChanged = rec  # type: ignore[assignment]
-            view.state, view.reason = s.state, s.reason
-            view.ended_at = s.at if s.state in _RUN_TERMINAL else None
+            st: RunStateChanged = rec  # type: ignore[assignment]
+            view.state, view.reason = st.state, st.reason
+            view.ended_at = st.at if st.state in _RUN_TERMINAL else None
         elif t is RunDefined:
             d: RunDefined = rec  # type: ignore[assignment]
             view.run_id, view.pipeline, view.target = d.run_id, d.pipeline, d.target

@@ -9,9 +9,18 @@ store can derive its inserts from these declarations.
 
 Format versions. Version 1 (the first release) wrote the same arrays from
 plain tuples; version 2 adds the trailing ``format`` field of
-:class:`DriverHeader`. A field added later goes at the end of its kind with
-a default, so lines written by an older release still decode. Decoding a
-newer kind or a malformed line raises :class:`msgspec.ValidationError` /
+:class:`DriverHeader`. Version 3 writes *outcome records*: what happened to a
+task in as few records as the meaning allows. A :class:`TaskCreated` with a
+``seq`` also says the task went ``pending``; a :class:`TaskCreated` or
+:class:`Transition` with a ``then_state`` also carries the task's next move
+(``seq + 1``); a :class:`Succeeded` is an attempt that ended ok, its result
+and the task's success in one. Those extra fields (:attr:`Record.COMPACT`)
+are no table columns: :func:`expand` turns a v3 line into the v2 records it
+stands for, and :func:`decode_line` returns them expanded, so readers see one
+shape (the DuckDB fold expands in SQL; the store contract suite keeps the
+two equal). A field added later goes at the end of its kind with a default,
+so lines written by an older release still decode. Decoding a newer kind or
+a malformed line raises :class:`msgspec.ValidationError` /
 :class:`msgspec.DecodeError` (callers report it as a damaged journal).
 """
 
@@ -23,7 +32,7 @@ from typing import Any, ClassVar, Final, Union
 import msgspec
 
 #: The record format this release writes (see the module docstring).
-FORMAT_VERSION: Final = 2
+FORMAT_VERSION: Final = 3
 
 
 class Record(msgspec.Struct, array_like=True, gc=False):
@@ -33,6 +42,9 @@ class Record(msgspec.Struct, array_like=True, gc=False):
     TABLE: ClassVar[str | None] = None
     #: True if the table also keeps the fencing token of the writer.
     TOKENED: ClassVar[bool] = False
+    #: Trailing fields that are no table column (format 3's compact moves: expanded
+    #: into records of their own when read, see :func:`expand`).
+    COMPACT: ClassVar[tuple[str, ...]] = ()
 
 
 class RunDefined(Record, tag="D"):
@@ -65,7 +77,13 @@ class RunStateChanged(Record, tag="S"):
 
 
 class TaskCreated(Record, tag="T"):
-    """A task instance exists (a call, or one child of a fan-out)."""
+    """A task instance exists (a call, or one child of a fan-out).
+
+    Format 3: ``seq`` > 0 says it went ``pending`` at ``at`` as move ``seq``, and
+    a ``then_state`` is its next move (``seq + 1``, see :class:`Transition`).
+    """
+
+    COMPACT = ("seq", "then_state", "then_attempt", "then_reason", "then_ts")
 
     task_key: str
     task_name: str
@@ -75,13 +93,23 @@ class TaskCreated(Record, tag="T"):
     upstream: list[str]
     code_version: str
     at: float
+    seq: int = 0
+    then_state: str | None = None
+    then_attempt: int = 0
+    then_reason: str = ""
+    then_ts: float = 0.0
 
 
 class Transition(Record, tag="E"):
-    """A task moved from ``from_state`` (None: created) to ``to_state``."""
+    """A task moved from ``from_state`` (None: created) to ``to_state``.
+
+    Format 3: a ``then_state`` says the task moved on from ``to_state`` to it right
+    after, as move ``seq + 1`` (attempt ``then_attempt``, at ``then_ts``).
+    """
 
     TABLE = "events"
     TOKENED = True
+    COMPACT = ("then_state", "then_attempt", "then_reason", "then_ts")
 
     seq: int
     task_key: str
@@ -90,6 +118,10 @@ class Transition(Record, tag="E"):
     to_state: str
     reason: str
     ts: float
+    then_state: str | None = None
+    then_attempt: int = 0
+    then_reason: str = ""
+    then_ts: float = 0.0
 
 
 class AttemptEnded(Record, tag="A"):
@@ -122,6 +154,25 @@ class ResultRecorded(Record, tag="R"):
     uri: str | None
     size: int
     cached_from: str | None
+
+
+class Succeeded(Record, tag="O"):
+    """Format 3: an attempt ended ``ok`` with its result, and its task went from running
+    to succeeded as move ``seq`` at ``ts``: the :class:`AttemptEnded`, the
+    :class:`ResultRecorded` and the :class:`Transition` it stands for (:func:`expand`)."""
+
+    seq: int
+    task_key: str
+    attempt: int
+    started_at: float | None
+    ended_at: float | None
+    fingerprint: str | None
+    content_hash: str
+    kind: str
+    data: str | None
+    uri: str | None
+    size: int
+    ts: float
 
 
 class ArtifactRecorded(Record, tag="L"):
@@ -271,17 +322,17 @@ class Takeover(Record, tag="K"):
 
 
 AnyRecord = Union[RunDefined, DriverHeader, RunStateChanged, TaskCreated, Transition,  # noqa: UP007
-                  AttemptEnded, ResultRecorded, ArtifactRecorded, Notice, LogRecorded,
-                  ApprovalRequested, ApprovalDecided, StepRecorded, ModelCall, ToolCall,
-                  Takeover]
+                  AttemptEnded, ResultRecorded, Succeeded, ArtifactRecorded, Notice,
+                  LogRecorded, ApprovalRequested, ApprovalDecided, StepRecorded, ModelCall,
+                  ToolCall, Takeover]
 
 #: Every record kind, by tag.
 KINDS: Final[dict[str, type[Record]]] = {
     cls.__struct_config__.tag: cls  # type: ignore[misc]
     for cls in (RunDefined, DriverHeader, RunStateChanged, TaskCreated, Transition,
-                AttemptEnded, ResultRecorded, ArtifactRecorded, Notice, LogRecorded,
-                ApprovalRequested, ApprovalDecided, StepRecorded, ModelCall, ToolCall,
-                Takeover)}
+                AttemptEnded, ResultRecorded, Succeeded, ArtifactRecorded, Notice,
+                LogRecorded, ApprovalRequested, ApprovalDecided, StepRecorded, ModelCall,
+                ToolCall, Takeover)}
 
 #: Kinds that describe the run itself (no task rows needed to apply them).
 RUN_KINDS: Final[tuple[type[Record], ...]] = (RunDefined, DriverHeader, RunStateChanged)
@@ -300,8 +351,49 @@ def encode_line(records: Sequence[Record]) -> bytes:
 
 
 def decode_line(line: bytes) -> list[AnyRecord]:
-    """The records of one journal line (raises msgspec errors when damaged)."""
-    return _line_decoder.decode(line)
+    """The records of one journal line, expanded (raises msgspec errors when damaged)."""
+    return expand(_line_decoder.decode(line))  # type: ignore[return-value]
+
+
+_PENDING, _RUNNING, _OK, _SUCCEEDED = "pending", "running", "ok", "succeeded"
+
+
+def expand(records: Sequence[Record]) -> list[Record]:
+    """``records`` with format 3's outcome records replaced by the records they stand
+    for (a new list; the others are kept as they are)."""
+    out: list[Record] = []
+    add = out.append
+    for r in records:
+        t = type(r)
+        if t is Transition:
+            e: Transition = r  # type: ignore[assignment]
+            if e.then_state is None:
+                add(e)
+                continue
+            add(Transition(e.seq, e.task_key, e.attempt, e.from_state, e.to_state, e.reason,
+                           e.ts))
+            add(Transition(e.seq + 1, e.task_key, e.then_attempt, e.to_state, e.then_state,
+                           e.then_reason, e.then_ts))
+        elif t is TaskCreated:
+            c: TaskCreated = r  # type: ignore[assignment]
+            if not c.seq:
+                add(c)
+                continue
+            add(TaskCreated(c.task_key, c.task_name, c.node, c.item_key, c.position,
+                            c.upstream, c.code_version, c.at))
+            add(Transition(c.seq, c.task_key, 0, None, _PENDING, "", c.at))
+            if c.then_state is not None:
+                add(Transition(c.seq + 1, c.task_key, c.then_attempt, _PENDING, c.then_state,
+                               c.then_reason, c.then_ts))
+        elif t is Succeeded:
+            s: Succeeded = r  # type: ignore[assignment]
+            add(AttemptEnded(s.task_key, s.attempt, _OK, s.started_at, s.ended_at, "", "", ""))
+            add(ResultRecorded(s.task_key, s.attempt, s.fingerprint, s.content_hash, s.kind,
+                               s.data, s.uri, s.size, None))
+            add(Transition(s.seq, s.task_key, s.attempt, _RUNNING, _SUCCEEDED, "", s.ts))
+        else:
+            add(r)
+    return out
 
 
 def encode(record: Record) -> bytes:
@@ -320,8 +412,10 @@ def tag(record: Record) -> str:
 
 
 def columns(kind: type[Record]) -> tuple[str, ...]:
-    """The field names of ``kind``, in their encoded order (after the tag)."""
-    return kind.__struct_fields__
+    """The field names of ``kind`` that are table columns, in their encoded order (after
+    the tag; the :attr:`~Record.COMPACT` fields after them are not)."""
+    fields = kind.__struct_fields__
+    return fields[:len(fields) - len(kind.COMPACT)] if kind.COMPACT else fields
 
 
 def field_types(kind: type[Record]) -> dict[str, Any]:

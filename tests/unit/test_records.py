@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import shutil
 from pathlib import Path
 
@@ -9,8 +11,9 @@ import msgspec
 import pytest
 
 import ledgerflow
-from ledgerflow import records
+from ledgerflow import pipeline, records, task
 from ledgerflow.control import load_module
+from ledgerflow.projection import apply
 from ledgerflow.records import (
     FORMAT_VERSION,
     KINDS,
@@ -26,11 +29,24 @@ from ledgerflow.records import (
     RunDefined,
     RunStateChanged,
     StepRecorded,
+    Succeeded,
     Takeover,
     TaskCreated,
     ToolCall,
     Transition,
 )
+from ledgerflow.views import RunView
+
+
+@task
+def _inc(x: int) -> int:
+    return x + 1
+
+
+@pipeline
+def _chain():
+    return _inc(_inc(_inc(0)))
+
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "format1"
 
@@ -53,6 +69,25 @@ SAMPLES = [
     ModelCall("ask", 1, 1, "mock", "m", "OPENAI_KEY", "rq", "rs", 12, 3, 0.25, 0.5, "stop",
               ["search"], 40, 1.0, False, ""),
     ToolCall("ask", 1, 1, "search", "ad", "ana", "ok", "rh", "", True),
+    Succeeded(9, "m[a]", 2, 6.5, 7.0, "fp", "hash", "json", "[1, 2]", None, 6, 7.25),
+]
+
+#: Format 3's outcome records, and the format 2 records each stands for.
+COMPACT = [
+    (TaskCreated("m[a]", "m", "m", "[a]", 0, ["src"], "v1", 4.5, 3),
+     [TaskCreated("m[a]", "m", "m", "[a]", 0, ["src"], "v1", 4.5),
+      Transition(3, "m[a]", 0, None, "pending", "", 4.5)]),
+    (TaskCreated("b", "b", "b", None, None, [], "v1", 4.5, 3, "ready", 0, "", 4.75),
+     [TaskCreated("b", "b", "b", None, None, [], "v1", 4.5),
+      Transition(3, "b", 0, None, "pending", "", 4.5),
+      Transition(4, "b", 0, "pending", "ready", "", 4.75)]),
+    (Transition(5, "b", 0, "pending", "ready", "", 5.0, "running", 1, "attempt 1", 5.5),
+     [Transition(5, "b", 0, "pending", "ready", "", 5.0),
+      Transition(6, "b", 1, "ready", "running", "attempt 1", 5.5)]),
+    (Succeeded(7, "b", 1, 5.5, 6.0, "fp", "h", "json", "1", None, 1, 6.25),
+     [AttemptEnded("b", 1, "ok", 5.5, 6.0, "", "", ""),
+      ResultRecorded("b", 1, "fp", "h", "json", "1", None, 1, None),
+      Transition(7, "b", 1, "running", "succeeded", "", 6.25)]),
 ]
 
 
@@ -65,7 +100,36 @@ def test_each_kind_encodes_and_decodes(record: records.Record) -> None:
     data = records.encode(record)
     assert data.startswith(b'["' + records.tag(record).encode() + b'",')
     assert records.decode(data) == record
-    assert records.decode_line(records.encode_line([record, record])) == [record, record]
+    stands_for = records.expand([record])
+    assert records.decode_line(records.encode_line([record, record])) == stands_for * 2
+
+
+@pytest.mark.parametrize("record,stands_for", COMPACT, ids=[f"{records.tag(r)}{i}" for i, (r, _)
+                                                            in enumerate(COMPACT)])
+def test_an_outcome_record_reads_as_the_records_it_stands_for(
+        record: records.Record, stands_for: list[records.Record]) -> None:
+    assert records.expand([record]) == stands_for
+    assert records.decode_line(records.encode_line([record])) == stands_for
+    # the projection applies it as those records (the DuckDB fold's equality is the
+    # store contract's)
+    assert apply(RunView("r"), [record]) == apply(RunView("r"), stands_for)
+
+
+def test_a_run_writes_outcome_records_and_reads_as_before(tmp_path: Path) -> None:
+    """A chain's task is three records: created (+ pending), ready (+ running), succeeded
+    (the first is ready when created)."""
+    run = _chain.run(store=str(tmp_path / "l.duckdb"), executor="inline")
+    (journal,) = (tmp_path / "l.duckdb.d" / "journals").glob("*.jsonl.gz")  # folded, archived
+    kinds = [r[0] for line in gzip.decompress(journal.read_bytes()).splitlines()
+             for r in json.loads(line.rsplit(b"\t", 1)[0])]
+    assert kinds.count("T") == 3 and kinds.count("O") == 3 and kinds.count("E") == 3
+    assert "A" not in kinds and "R" not in kinds
+    events = run.events()
+    assert [e["seq"] for e in events] == list(range(1, 13))
+    assert [(e["task_key"], e["to_state"]) for e in events if e["task_key"] == "_inc-2"] \
+        == [("_inc-2", s) for s in ("pending", "ready", "running", "succeeded")]
+    assert [a["outcome"] for a in run.attempts()] == ["ok"] * 3
+    assert run.result() == 3
 
 
 def test_an_old_header_without_a_format_decodes_as_format_1() -> None:

@@ -3,7 +3,9 @@
 A batch of lines is written out as one JSON array that DuckDB's JSON reader
 streams into ``lf_raw`` (one row per record, its fields as text); per record
 kind a staging query derived from the record's declaration
-(:mod:`ledgerflow.records`: field names are column names) casts them, one
+(:mod:`ledgerflow.records`: field names are column names) casts them (format
+3's outcome records expanded into the rows they stand for: :data:`_EXPANSIONS`,
+:func:`ledgerflow.records.expand` in SQL), one
 ``INSERT ... SELECT`` appends each kind to its table, and one ``UPDATE``
 brings ``tasks`` to the current state: the SQL twin of
 :func:`ledgerflow.projection.apply`, which the store contract suite keeps
@@ -25,6 +27,7 @@ from ledgerflow.records import (
     AttemptEnded,
     Record,
     ResultRecorded,
+    Succeeded,
     TaskCreated,
     Transition,
     columns,
@@ -54,13 +57,81 @@ def _sql_cast(ann: Any, index: int) -> str:
 
 
 @functools.cache     # type hints are read once, not at every batch
-def stage_sql(kind: type[Record]) -> str:
-    """The typed rows of one record kind in ``lf_raw`` (``i``: position in the batch)."""
+def stage_sql(kind: type[Record], *, compact: bool = False) -> str:
+    """The typed rows of one record kind in ``lf_raw`` (``i``: position in the batch;
+    ``compact``: its :attr:`~ledgerflow.records.Record.COMPACT` fields too)."""
     types_ = field_types(kind)
+    names = kind.__struct_fields__ if compact else columns(kind)
     cols = ", ".join(f'{_sql_cast(types_[name], n + 2)} AS "{name}"'
-                     for n, name in enumerate(columns(kind)))
+                     for n, name in enumerate(names))
     tag = kind.__struct_config__.tag
     return f"SELECT i, {cols} FROM (SELECT rowid AS i, r FROM lf_raw) WHERE r[1] = '{tag}'"
+
+
+_MOVE_ON = {"seq": "seq + 1", "attempt": "then_attempt", "reason": "then_reason",
+            "to_state": "then_state", "ts": "then_ts"}
+#: Per staged kind, the records of a batch that stand for rows of it (format 3's outcome
+#: records, :func:`ledgerflow.records.expand` in SQL): (kind, which of the rows it
+#: stands for, the condition, {column: expression over its fields}; a column not named
+#: is its field of that name).
+_EXPANSIONS: dict[type[Record], list[tuple[type[Record], int, str, dict[str, str]]]] = {
+    Transition: [
+        (Transition, 0, "TRUE", {}),
+        (Transition, 1, "then_state IS NOT NULL", {**_MOVE_ON, "from_state": "to_state"}),
+        (TaskCreated, 0, "seq > 0", {"attempt": "0", "from_state": "NULL",
+                                      "to_state": "'pending'", "reason": "''", "ts": '"at"'}),
+        (TaskCreated, 1, "seq > 0 AND then_state IS NOT NULL",
+         {**_MOVE_ON, "from_state": "'pending'"}),
+        (Succeeded, 2, "TRUE", {"from_state": "'running'", "to_state": "'succeeded'",
+                                "reason": "''"}),
+    ],
+    AttemptEnded: [
+        (AttemptEnded, 0, "TRUE", {}),
+        (Succeeded, 0, "TRUE", {"outcome": "'ok'", "error_type": "''",
+                                "error_message": "''", "traceback": "''"}),
+    ],
+    ResultRecorded: [
+        (ResultRecorded, 0, "TRUE", {}),
+        (Succeeded, 1, "TRUE", {"cached_from": "NULL"}),
+    ],
+}
+
+
+def _tags(kind: type[Record]) -> frozenset[str]:
+    """The record tags whose records stand for rows of ``kind``."""
+    return frozenset(src.__struct_config__.tag for src, *_ in _EXPANSIONS[kind])  # type: ignore[misc]
+
+
+#: Kinds whose records stand for rows of several staged kinds: each is cast once, into
+#: ``lf_src_<tag>`` (:func:`stage_sources`), which the staging queries read.
+_SOURCES: tuple[type[Record], ...] = (TaskCreated, Transition, Succeeded)
+
+
+def stage_sources(con: Any, kinds: set[str]) -> None:
+    """Cast the batch's records of :data:`_SOURCES` once each (those it holds)."""
+    for kind in _SOURCES:
+        tag = kind.__struct_config__.tag
+        if tag in kinds:
+            con.execute(f"CREATE OR REPLACE TEMP TABLE lf_src_{tag.lower()} AS "
+                        f"{stage_sql(kind, compact=True)}")
+
+
+@functools.cache
+def _expanded_sql(kind: type[Record], tags: frozenset[str]) -> str:
+    """The typed rows of ``kind`` that the batch's records of ``tags`` stand for, in the
+    order :func:`ledgerflow.records.expand` gives them (``i``)."""
+    parts = []
+    for src, sub, where, exprs in _EXPANSIONS[kind]:
+        tag = src.__struct_config__.tag
+        if tag not in tags:
+            continue
+        cols = ", ".join(f'{exprs.get(c) or chr(34) + c + chr(34)} AS "{c}"'
+                         for c in columns(kind))
+        source = f"lf_src_{tag.lower()}" if src in _SOURCES else f"({stage_sql(src)})"
+        parts.append(f"SELECT i * 4 + {sub} AS i, {cols} FROM {source} WHERE {where}")
+    if len(parts) == 1 or kind is Transition:      # events are read by seq
+        return " UNION ALL ".join(parts)
+    return f"SELECT * FROM ({' UNION ALL '.join(parts)}) ORDER BY i"    # rows in write order
 
 
 @functools.cache
@@ -224,21 +295,23 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> Non
     small = list(small_rows or ())
     # the lf_* temp tables are replaced by the next batch and go with the connection
     _insert_run_records(con, run_id, token, small)
-    staged = [k for k in _STAGED if k in kinds]
+    stage_sources(con, kinds)
+    staged = [k for k, kind in _STAGED.items() if kinds & _tags(kind)]
     for k in staged:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE lf_{k.lower()} AS {stage_sql(_STAGED[k])}")
         kind = _STAGED[k]
+        con.execute(f"CREATE OR REPLACE TEMP TABLE lf_{k.lower()} AS "
+                    f"{_expanded_sql(kind, frozenset(kinds & _tags(kind)))}")
         con.execute(_append_sql(kind, f"lf_{k.lower()}"),
                     [run_id, token] if kind.TOKENED else [run_id])
-    if "E" in kinds:
+    if "E" in staged:
         con.execute("UPDATE runs SET max_seq = greatest(coalesce(max_seq, 0), "
                     "(SELECT max(seq) FROM lf_e)) WHERE run_id = ?", [run_id])
     if "T" in kinds:
         # no primary key on tasks: DuckDB keeps ART indexes in memory, ~2 KB a row.
         # Tasks created in this batch are inserted in the state the batch leaves them
         # (one write a task); the others are updated below.
-        con.execute(f"CREATE OR REPLACE TEMP TABLE lf_t AS SELECT * FROM "
-                    f"({stage_sql(TaskCreated)}) WHERE task_key NOT IN "
+        con.execute("CREATE OR REPLACE TEMP TABLE lf_t AS SELECT * FROM lf_src_t "
+                    "WHERE task_key NOT IN "
                     "(SELECT task_key FROM tasks WHERE run_id = ?)", [run_id])
         con.execute(_task_insert(staged), [run_id])
     # a batch that names only tasks it creates (a small run's one fold) has nothing to

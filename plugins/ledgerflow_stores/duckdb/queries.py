@@ -181,6 +181,8 @@ CACHED = CacheSQL("task_name IN (SELECT unnest($1::VARCHAR[])) "
 
 def record_rows(con: Any, run_id: str, kind: type[R], *, task_key: str | None = None,
                 attempt: int | None = None) -> list[R]:
-    """The folded rows of an append-only record kind, as records (in their order)."""
-    return ledger.record_rows(con, run_id, kind, mark="?", order=lambda _: "rowid",
+    """The folded rows of an append-only record kind, as records (in their order: events
+    by ``seq``, which the fold does not keep in row order)."""
+    return ledger.record_rows(con, run_id, kind, mark="?",
+                              order=lambda k: "seq" if k.TABLE == "events" else "rowid",
                               task_key=task_key, attempt=attempt)

@@ -30,9 +30,11 @@ from ..records import (
     ResultRecorded,
     RunDefined,
     RunStateChanged,
+    Succeeded,
     TaskCreated,
     ToolCall,
     Transition,
+    expand,
 )
 from ..results import encode
 from ..store import RunStore
@@ -103,6 +105,23 @@ def _history(now: float) -> list[list[Record]]:
     ]
 
 
+def _compact_history(t: float) -> list[list[Record]]:
+    """A run's commits in format 3's outcome records: ``a`` fails once, then both succeed."""
+    return [
+        [TaskCreated("a", "a", "a", None, None, [], "v1", t, 1, "ready", 0, "", t),
+         TaskCreated("b", "b", "b", None, None, ["a"], "v1", t, 3),
+         Transition(4, "a", 1, "ready", "running", "attempt 1", t + 1)],
+        [AttemptEnded("a", 1, "error", t + 1, t + 2, "ValueError", "boom", "Traceback..."),
+         Transition(5, "a", 1, "running", "retry_wait", "ValueError: boom; retry", t + 2,
+                    "ready", 1, "retry delay over", t + 3),
+         Transition(7, "a", 2, "ready", "running", "attempt 2", t + 3)],
+        [Succeeded(8, "a", 2, t + 3, t + 4, "fp-a", "h-a", "json", "1", None, 1, t + 4),
+         Transition(9, "b", 0, "pending", "ready", "", t + 4, "running", 1, "attempt 1", t + 5),
+         Succeeded(11, "b", 1, t + 5, t + 6, "fp-b", "h-b", "json", "2", None, 1, t + 6),
+         RunStateChanged("succeeded", "", t + 6)],
+    ]
+
+
 class StoreContract:
     """Behaviour every run store must show (see the module docstring)."""
 
@@ -151,6 +170,28 @@ class StoreContract:
         assert arts and arts[0]["attrs"] == {"bytes": "3"}
         head = st.get_run("r0", tasks=False)
         assert (head.state, head.token, head.pipeline) == (expected.state, expected.token, "p")
+
+    def test_outcome_records_read_as_the_records_they_stand_for(self, tmp_path: Path) -> None:
+        st = self.make_store(tmp_path)
+        now = time.time()
+        first = run_records("r0", now)
+        lease = st.create_run("r0", first)
+        commits = _compact_history(now)
+        for records in commits:
+            st.append(lease, records)
+        st.release(lease)
+        stands_for = expand([*first, *(r for c in commits for r in c)])
+        expected = apply(RunView("r0"), stands_for)
+        _same_view(st.get_run("r0"), expected)
+        assert (expected.tasks["a"].state, expected.tasks["a"].attempts) == ("succeeded", 2)
+        assert st.events("r0") == [event_dict(r) for r in stands_for
+                                   if isinstance(r, Transition)]
+        assert [e["seq"] for e in st.events("r0")] == list(range(1, 12))
+        assert [(a["task_key"], a["outcome"]) for a in st.attempts("r0")] == [
+            ("a", "error"), ("a", "ok"), ("b", "ok")]
+        assert st.attempts("r0", "a")[1]["started_at"] == now + 3
+        index = st.cache_lookup(["a", "b"])
+        assert (index["fp-a"][:3], index["fp-b"][:3]) == (("r0", "a", "h-a"), ("r0", "b", "h-b"))
 
     def test_records_fold_into_task_rows(self, tmp_path: Path) -> None:
         st = self.make_store(tmp_path)
