@@ -55,6 +55,15 @@ class Settings:
     commit_lag: float = 0.01
     options: dict[str, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if not self.commit_lag >= 0:    # NaN too
+            raise ConfigError(f"commit_lag must be 0 or more seconds, given: "
+                              f"{self.commit_lag}", hint="use commit_lag=0 to commit "
+                              "every start first, or the default 0.01")
+        if self.workers < 1:
+            raise ConfigError(f"workers must be at least 1, given: {self.workers}",
+                              hint="pass --workers 1 or more")
+
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
         """Build settings from ``LEDGERFLOW_*`` variables, then ``overrides``."""
@@ -85,13 +94,6 @@ class Settings:
             if kind is not None:
                 values["store_kind"] = kind
         settings = cls(**values)  # type: ignore[arg-type]
-        if settings.commit_lag < 0:
-            raise ConfigError(f"commit_lag must be 0 or more seconds, given: "
-                              f"{settings.commit_lag}", hint="use commit_lag=0 to commit "
-                              "every start first, or the default 0.01")
-        if settings.workers < 1:
-            raise ConfigError(f"workers must be at least 1, given: {settings.workers}",
-                              hint="pass --workers 1 or more")
         if settings.store_kind == "duckdb" and settings.store == DEFAULT_STORE:
             settings = replace(settings, store=str(Path.cwd() / DEFAULT_STORE))
         return settings

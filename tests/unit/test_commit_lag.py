@@ -10,6 +10,7 @@ driver never do.
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -155,3 +156,53 @@ def test_a_long_attempt_started_within_the_lag_is_committed_while_it_runs(ledger
 
     run = ends_long.run(store=ledger, executor="inline")
     assert run.result() == "seen"
+
+
+def test_settings_built_directly_refuse_a_negative_lag_too() -> None:
+    from ledgerflow.config import Settings
+    for bad in (-0.5, float("nan")):
+        with pytest.raises(ConfigError, match="commit_lag must be 0 or more"):
+            Settings(commit_lag=bad)
+    assert Settings(commit_lag=0).commit_lag == 0
+
+
+REFUSED = threading.Event()
+
+
+@task
+def waits_for_the_refused_write(upstream: int) -> str:
+    wait_until(REFUSED.is_set, what="the lagged commit's write, refused")
+    return "done"
+
+
+def test_a_lagged_commit_that_cannot_be_written_stops_the_drive_and_resumes(
+        ledger: str, lag, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commit thread's write fails (a full disk): the driver raises it at its next
+    flush; nothing is lost that was written, and a resume finishes the run."""
+    from ledgerflow_stores.duckdb.store import DuckDBStore
+    lag("0.05")
+    REFUSED.clear()
+    real = DuckDBStore.append
+
+    def append(self: DuckDBStore, lease, records) -> None:
+        if threading.current_thread().name.startswith("ledgerflow-commit-"):
+            REFUSED.set()
+            raise OSError(28, "No space left on device")
+        real(self, lease, records)
+
+    monkeypatch.setattr(DuckDBStore, "append", append)
+
+    @pipeline
+    def ends_long():
+        x = quick(0)
+        for i in range(1, 5):
+            x = quick(i)
+        return waits_for_the_refused_write(x)
+
+    with pytest.raises(OSError, match="No space left"):
+        ends_long.run(store=ledger, executor="inline")
+    monkeypatch.setattr(DuckDBStore, "append", real)
+    (view,) = ledgerflow.runs(store=ledger)
+    again = ledgerflow.resume(view.run_id, store=ledger, executor="inline", pipeline=ends_long)
+    assert again.state == "succeeded" and again.result() == "done"
+    assert {t.state for t in again.status().tasks.values()} == {"succeeded"}
