@@ -164,9 +164,12 @@ class _Why:
         self.st, self.view, self.base = st, view, base
         self.cached_key: dict[str, str] = {}
         self.rejected: dict[str, str] = {}
+        self.reset: set[str] = set()     # tasks a resume of this run set to run again
         for e in events:
             reason = e.get("reason") or ""
-            if e["to_state"] == "succeeded" and reason.startswith(_CACHED):
+            if e["to_state"] == "pending" and e["from_state"] is not None:
+                self.reset.add(e["task_key"])
+            elif e["to_state"] == "succeeded" and reason.startswith(_CACHED):
                 self.cached_key[e["task_key"]] = reason[len(_CACHED):].partition("/")[2]
             elif e["to_state"] == "running" and _VERIFY in reason:
                 self.rejected[e["task_key"]] = reason[reason.index(_VERIFY):]
@@ -206,6 +209,8 @@ class _Why:
         ex.detail = self._detail(ex, row, old)
         if retried:     # "then ran again" only if another attempt came after the last one
             again = ", then ran again" if row.attempts > len(retried) else ""
+            if again and row.key in self.reset:
+                again += " when the run was resumed"
             ex.detail += "; in this run: " + ", ".join(retried) + again
         return self._done(ex)
 

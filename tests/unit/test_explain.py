@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import ledgerflow
 from ledgerflow import NonRetryableError, pipeline, task
 from ledgerflow.errors import TaskNotFoundError
 from tests.postgres.conftest import pg_server, pg_url  # noqa: F401  (the server fixtures)
@@ -160,6 +161,21 @@ def test_a_code_change_names_the_task_and_leaves_equal_results_reused(store: str
     assert "the code of task 'label' changed (v1 -> v2)" in res["label"].detail
     assert res["square"].reason == "cached"
     assert res["shout"].reason == "cached"      # label's result is the same text
+
+
+def test_a_task_that_ran_again_on_resume_says_so(store: str) -> None:
+    FLAGS["fail"] = True
+    first = effects.run(store=store)
+    assert first.state == "failed"
+    FLAGS["fail"] = False
+    again = ledgerflow.resume(first.run_id, store=store, pipeline=effects)
+    assert again.state == "succeeded"
+    by = again.explain().by_key()
+    assert by["fragile"].attempts == 2
+    assert by["fragile"].detail.endswith(
+        "in this run: attempt 1 error (NonRetryableError), then ran again when the run was "
+        "resumed")
+    assert "resumed" not in by["source"].detail     # it succeeded before the resume
 
 
 def test_failed_before_verify_not_reused_and_not_run(store: str) -> None:
