@@ -300,13 +300,20 @@ def journals(ledger: str) -> list[Path]:
     return sorted((Path(ledger + ".d") / "journals").glob("*.jsonl"))
 
 
+#: How a drive's last commit ends: the run's state when its driver stops (a run at an
+#: approval gate stops ``waiting``).
+_LAST_STATES = (b'["S","succeeded"', b'["S","failed"', b'["S","cancelled"', b'["S","waiting"')
+
+
 def last_commit_written(ledger: str) -> bool:
-    """A live journal ends with the run's own success: its driver is in the final fold."""
+    """A live journal ends with the state the run's driver stops in: it is in the final
+    fold."""
     for journal in journals(ledger):
         try:
             with open(journal, "rb") as fh:
                 fh.seek(max(0, journal.stat().st_size - 400))
-                if b'["S","succeeded"' in fh.read():
+                tail = fh.read()
+                if any(state in tail for state in _LAST_STATES):
                     return True
         except FileNotFoundError:
             continue
