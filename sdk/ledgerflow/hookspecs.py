@@ -200,7 +200,9 @@ def ledgerflow_records_committed(run_id: str, records: Sequence[Record],
     creation (``RunDefined`` first, before ``ledgerflow_run_start``), a
     takeover by a resume (``DriverHeader``, ``RunStateChanged``), and every
     group commit of the drive (transitions with their times, attempts,
-    results with fingerprints and content hashes, lineage, notices). An
+    results with fingerprints and content hashes, lineage, notices), one
+    record per table row: format 3's outcome records are told as the records
+    they stand for (:func:`ledgerflow.records.expand`). An
     observer that needs what an earlier drive recorded reads it from
     ``store`` (the store being written; reads are safe, writes are not).
     When: right after the commit returned, before the attempts it started
