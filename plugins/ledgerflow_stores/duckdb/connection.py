@@ -43,13 +43,21 @@ _ALIASES = itertools.count(1)
 HEADERS = 3 * 4096
 
 
+#: A commit whose write-ahead log would pass this checkpoints at once instead, writing
+#: no log (DuckDB skips the log of a commit estimated past 100 KB that checkpoints): a
+#: fold's batch is written once, not to the log and then again at the detach
+#: (a 10,000-task fold: 8 MB of log not written, ~15 ms less).
+CHECKPOINT_THRESHOLD = "256KB"
+
+
 def instance() -> Any:
     """This process's in-memory DuckDB instance, that ledger files are attached to
     (one per process: a forked child starts its own)."""
     global _INSTANCE
     with _PL_GUARD:
         if _INSTANCE is None or _INSTANCE[0] != os.getpid():
-            _INSTANCE = (os.getpid(), duckdb.connect(":memory:"))
+            _INSTANCE = (os.getpid(), duckdb.connect(
+                ":memory:", config={"checkpoint_threshold": CHECKPOINT_THRESHOLD}))
         return _INSTANCE[1]
 
 
