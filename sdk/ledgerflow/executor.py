@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -93,7 +93,8 @@ class Completion:
     traceback: str = ""
     started_at: float = 0.0
     ended_at: float = 0.0
-    lineage: list[tuple[str, str, str | None, dict[str, str]]] = field(default_factory=list)
+    #: (the sequences default to one shared empty tuple: most attempts have none)
+    lineage: Sequence[tuple[str, str, str | None, dict[str, str]]] = ()
     has_value: bool = True
     #: What the attempt wrote (stdout, stderr, logging), and how much was cut from it.
     log: str = ""
@@ -101,12 +102,12 @@ class Completion:
     #: Outcome ``waiting``: the in-task gate it stopped at (``ApprovalNeeded.request()``).
     approval: dict[str, Any] | None = None
     #: Steps the attempt did: (name, kind, data, content hash).
-    steps: list[tuple[str, str, str, str]] = field(default_factory=list)
+    steps: Sequence[tuple[str, str, str, str]] = ()
     #: Model and tool calls the attempt made (fields of ModelCall / ToolCall).
-    model_calls: list[dict[str, Any]] = field(default_factory=list)
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    model_calls: Sequence[dict[str, Any]] = ()
+    tool_calls: Sequence[dict[str, Any]] = ()
     #: Notices the task raised (``context().notice``): (kind, message, time).
-    notices: list[tuple[str, str, float]] = field(default_factory=list)
+    notices: Sequence[tuple[str, str, float]] = ()
 
 
 @runtime_checkable
