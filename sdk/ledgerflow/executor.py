@@ -73,6 +73,23 @@ class Job:
     #: What an observer attached to this attempt (``ledgerflow_job_carrier``), or None.
     carrier: Carrier | None = None
 
+    @classmethod
+    def of_attempt(cls, id: int, run_id: str, task_key: str, attempt: int,
+                   fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                   timeout: float | None, task_name: str, echo: bool, code_version: str,
+                   approvals: dict[str, Any], steps: dict[str, tuple[str, str]],
+                   ledger_folder: str | None, run_folder: str | None) -> Job:
+        """The Job the keyword constructor makes, built a quarter as slowly (the runner
+        makes one an attempt); its idempotency key derived, no carrier yet."""
+        job = object.__new__(cls)
+        job.id, job.run_id, job.task_key, job.attempt = id, run_id, task_key, attempt
+        job.fn, job.args, job.kwargs, job.idempotency_key = fn, args, kwargs, ""
+        job.timeout, job.task_name, job.echo, job.code_version = (timeout, task_name, echo,
+                                                                  code_version)
+        job.approvals, job.steps, job.carrier = approvals, steps, None
+        job.ledger_folder, job.run_folder = ledger_folder, run_folder
+        return job
+
 
 @dataclass(slots=True)
 class Completion:

@@ -294,13 +294,11 @@ class Runner:
             return      # it waits, or failed
         inst.attempt += 1
         inst.used += 1
-        job = Job(id=self.jobs.next_id(), run_id=self.run_id, task_key=inst.key,
-                  attempt=inst.attempt, fn=node.task, args=args, kwargs=kwargs,
-                  timeout=opts.timeout, task_name=node.task.name,  # idempotency key: lazily
-                  echo=self.echo, code_version=node.task.version,
-                  approvals=self.gates.decisions_for(inst.key),
-                  steps=self.steps.for_attempt(inst.key, inst.attempt),
-                  ledger_folder=self.ledger_folder, run_folder=self.run_folder)
+        job = Job.of_attempt(self.jobs.next_id(), self.run_id, inst.key, inst.attempt,
+                             node.task, args, kwargs, opts.timeout, node.task.name, self.echo,
+                             node.task.version, self.gates.decisions_for(inst.key),
+                             self.steps.for_attempt(inst.key, inst.attempt),
+                             self.ledger_folder, self.run_folder)
         inst.job = job
         self.jobs.add(job.id, inst)
         if opts.durable_start:

@@ -20,7 +20,18 @@ def _job(fn: Any, *args: Any, **kw: Any) -> Job:
 def test_a_plain_task_reports_its_value_and_no_output_or_records() -> None:
     c = execute(_job(lambda x: x + 1, 41))
     assert (c.outcome, c.value, c.encoded is not None) == ("ok", 42, True)
-    assert (c.log, c.log_dropped, c.lineage, c.steps, c.notices) == ("", 0, [], [], [])
+    assert (c.log, c.log_dropped, list(c.lineage), list(c.steps), list(c.notices)) == (
+        "", 0, [], [], [])
+
+
+def test_the_runners_job_is_the_one_the_constructor_makes() -> None:
+    """``Job.of_attempt`` (positional, fast) sets every field as the keyword constructor."""
+    args = dict(id=3, run_id="r", task_key="k[1]", attempt=2, fn=len, args=(1,),
+                kwargs={"a": 1}, timeout=2.5, task_name="k", echo=True, code_version="v1",
+                approvals={"d": 1}, steps={"s": ("json", "1")}, ledger_folder="/l",
+                run_folder="/l/r")
+    assert Job.of_attempt(*args.values()) == Job(**args)  # type: ignore[arg-type]
+    assert Job.of_attempt(*args.values()).carrier is None
 
 
 def test_context_asked_late_is_the_attempts_own_and_the_same_each_time() -> None:
