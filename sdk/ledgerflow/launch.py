@@ -24,19 +24,19 @@ from .errors import (
     TaskFailedError,
     TaskNotFoundError,
 )
-from .executor import Executor, NoExecutor
 from .graph import Graph
 from .observers import Observers
 from .opening import StoreArg, make_executor, settings_for, store_for
 from .plan import UNSET
-from .runner import Runner
 from .states import RUN_TERMINAL, RunState, TaskState
 from .store import Lease, RunStore
 from .task import MapRef, TaskRef
 from .views import RunView, output_from_json, output_to_json, usage_summary
 
 if TYPE_CHECKING:
+    from .executor import Executor
     from .pipeline import Pipeline
+    from .runner import Runner
 
 
 def new_run_id() -> str:
@@ -314,6 +314,8 @@ def submit(pipe: Pipeline[..., Any], params: dict[str, Any], *, store: StoreArg 
     st = store_for(settings, store)
     pipe.admit(st)
     run_id = run_id or new_run_id()
+    from .executor import NoExecutor  # (the runner's modules: imported when a run starts)
+    from .runner import Runner
     runner = Runner(graph=graph, store=st, executor=NoExecutor(), settings=settings,
                     run_id=run_id)
     lease = runner.create(pipeline=pipe.name, target=target or pipe.target(), params=values,
@@ -326,6 +328,8 @@ def cancel_submitted(view: RunView, st: RunStore) -> None:
     """Cancel a run that was submitted and never driven."""
     lease = st.take_over(view.run_id)
     try:
+        from .executor import NoExecutor
+        from .runner import Runner
         runner = Runner(graph=Graph(view.pipeline), store=st, executor=NoExecutor(),
                         settings=settings_for(st), run_id=view.run_id, prior=view)
         runner.cancel_submitted(lease, "cancelled before a driver took it")
@@ -394,6 +398,7 @@ def _cache_of(graph: Graph, st: RunStore, run_id: str) -> Mapping[str, Any]:
 def _runner(graph: Graph, st: RunStore, ex: Executor, settings: Settings, run_id: str,
             prior: RunView | None, cache: Mapping[str, Any], observers: Observers,
             cancel_event: threading.Event | None) -> Runner:
+    from .runner import Runner
     return Runner(graph=graph, store=st, executor=ex, settings=settings, run_id=run_id,
                   prior=prior, cache=cache, observers=observers, cancel_event=cancel_event)
 

@@ -4,13 +4,15 @@ the plugins (a memory store is one object per name per process).
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from .config import Settings, store_kind_for
 from .errors import PluginError
-from .executor import Executor
 from .plugins import get_plugin_manager
 from .store import RunStore
+
+if TYPE_CHECKING:
+    from .executor import Executor
 
 
 def _installed(hook: str) -> list[str]:
@@ -43,6 +45,7 @@ def check_executor(name: str | None) -> None:
 def make_executor(name: object, settings: Settings) -> Executor:
     """Build the executor called ``name`` (or pass an instance through)."""
     if not isinstance(name, str):
+        from .executor import Executor  # the executor protocol: when a run is made
         if not isinstance(name, Executor):
             raise PluginError(f"{name!r} is not an executor (no start/submit/cancel/shutdown)",
                               hint="pass an executor name, e.g. executor='threads'")

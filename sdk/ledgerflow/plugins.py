@@ -5,8 +5,9 @@ executors and stores in ``plugins/`` are registered through the very same
 group by this distribution's ``pyproject.toml``. Set
 ``LEDGERFLOW_DISABLE_PLUGIN_AUTOLOAD=1`` to load only the built-ins.
 
-The built-in plugins a command rarely needs (agents, embedders, the index,
-the console, drafts, observers, Dask, PostgreSQL) are **deferred**: they are
+The built-in plugins a command rarely needs (the executors, agents,
+embedders, the index, the console, drafts, observers, Dask, PostgreSQL) are
+**deferred**: they are
 imported the first time something of theirs is asked for, so ``pipeline
 status`` pays for none of them. :data:`DEFERRED` says, per entry-point
 module, what a deferred plugin answers without being imported (the names it
@@ -59,6 +60,9 @@ _OTEL_ENV = ("LEDGERFLOW_OTEL", "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDP
 
 #: Built-in plugins imported on first use, by entry-point module.
 DEFERRED: dict[str, Deferred] = {
+    # the executors: built when a run is made (``pipeline status`` imports none of them)
+    **{f"ledgerflow_executors.{name}": Deferred(names={"executor": (name,)})
+       for name in ("inline", "threads", "processes", "mock")},
     "ledgerflow_embed": Deferred(),
     "ledgerflow_embed.hashing": Deferred(),
     "ledgerflow_embed.minilm": Deferred(),

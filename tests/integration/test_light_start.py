@@ -29,6 +29,10 @@ HEAVY = ("ledgerflow_agents", "ledgerflow_console", "ledgerflow_drafts",
          "ledgerflow_observability", "ledgerflow_docindex", "ledgerflow_embed",
          "ledgerflow_dask", "ledgerflow_postgres", "ledgerflow.specs.drafts")
 
+#: ... and what reading a run needs none of: the executors and the runner.
+DRIVING = ("ledgerflow_executors", "ledgerflow.runner", "ledgerflow.executor",
+           "ledgerflow.commits")
+
 PROBE = """
 import json, sys
 from ledgerflow.cli import main
@@ -39,12 +43,14 @@ except SystemExit as exc:
 heavy = HEAVY_NAMES
 print(json.dumps({"code": code, "loaded": sorted(m for m in sys.modules
                   if any(m == h or m.startswith(h + ".") for h in heavy))}))
-""".replace("HEAVY_NAMES", repr(HEAVY))
+"""
 
 
-def _probe(args: list[str], env: dict[str, str]) -> dict[str, object]:
-    done = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True,
-                          text=True, env=env, timeout=300, check=False)
+def _probe(args: list[str], env: dict[str, str],
+           heavy: tuple[str, ...] = HEAVY) -> dict[str, object]:
+    done = subprocess.run([sys.executable, "-c", PROBE.replace("HEAVY_NAMES", repr(heavy)),
+                           *args], capture_output=True, text=True, env=env, timeout=300,
+                          check=False)
     assert done.stderr == "" or "Traceback" not in done.stderr, done.stderr
     doc: dict[str, object] = json.loads(done.stdout.splitlines()[-1])
     return doc
@@ -59,7 +65,8 @@ def test_status_and_a_small_run_import_no_plugin_they_do_not_use(
                            "--json"], capture_output=True, text=True, env=cli_env,
                           timeout=300, check=True)
     run_id = json.loads(runs.stdout)[0]["run_id"]
-    assert _probe(["status", run_id, "--store", ledger], cli_env) == {"code": 0, "loaded": []}
+    assert _probe(["status", run_id, "--store", ledger], cli_env,
+                  HEAVY + DRIVING) == {"code": 0, "loaded": []}
 
 
 def test_deferred_plugins_answer_when_asked(cli_env: dict[str, str]) -> None:
