@@ -58,6 +58,13 @@ def _moved(view: RunView, row: TaskRow, seq: int, attempt: int, from_state: str 
         view.max_seq = seq
 
 
+def _ended(row: TaskRow, attempt: int, error: str | None) -> None:
+    """Apply the end of attempt ``attempt`` (``error``: the row's error text after it)."""
+    if attempt > row.attempts:
+        row.attempts = attempt
+    row.error = error
+
+
 def _result(row: TaskRow, r: ResultRecorded | Succeeded, cached_from: str | None) -> None:
     row.fingerprint, row.result_hash, row.result_kind = r.fingerprint, r.content_hash, r.kind
     row.result_data, row.result_uri, row.result_size = r.data, r.uri, r.size
@@ -88,9 +95,7 @@ def apply(view: RunView, records: Iterable[Record]) -> RunView:
         elif t is Succeeded:
             s: Succeeded = rec  # type: ignore[assignment]
             row = _row(view, s.task_key)
-            if s.attempt > row.attempts:
-                row.attempts = s.attempt
-            row.error = None        # the error text of an ok attempt
+            _ended(row, s.attempt, None)        # an ok attempt: no error text
             _result(row, s, None)
             _moved(view, row, s.seq, s.attempt, _RUNNING, _SUCCEEDED, "", s.ts)
         elif t is TaskCreated:
@@ -106,10 +111,8 @@ def apply(view: RunView, records: Iterable[Record]) -> RunView:
                            c.then_reason, c.then_ts)
         elif t is AttemptEnded:
             a: AttemptEnded = rec  # type: ignore[assignment]
-            row = _row(view, a.task_key)
-            if a.attempt > row.attempts:
-                row.attempts = a.attempt
-            row.error = error_text(a.outcome, a.error_type, a.error_message)
+            _ended(_row(view, a.task_key), a.attempt,
+                   error_text(a.outcome, a.error_type, a.error_message))
         elif t is ResultRecorded:
             r: ResultRecorded = rec  # type: ignore[assignment]
             _result(_row(view, r.task_key), r, r.cached_from)
