@@ -303,9 +303,6 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> Non
                     f"{_expanded_sql(kind, frozenset(kinds & _tags(kind)))}")
         con.execute(_append_sql(kind, f"lf_{k.lower()}"),
                     [run_id, token] if kind.TOKENED else [run_id])
-    if "E" in staged:
-        con.execute("UPDATE runs SET max_seq = greatest(coalesce(max_seq, 0), "
-                    "(SELECT max(seq) FROM lf_e)) WHERE run_id = ?", [run_id])
     if "T" in kinds:
         # no primary key on tasks: DuckDB keeps ART indexes in memory, ~2 KB a row.
         # Tasks created in this batch are inserted in the state the batch leaves them
@@ -323,13 +320,11 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> Non
         if kind.TABLE and tag in kinds and tag not in _STAGED:
             con.execute(_append_sql(kind, f"({stage_sql(kind)})"),
                         [run_id, token] if kind.TOKENED else [run_id])
-    for _, state, reason, at in [r for r in small if r[0] == "S"][-1:]:
-        ended = float(at) if state in RUN_TERMINAL_VALUES else None
-        con.execute("UPDATE runs SET state = ?, reason = ?, ended_at = ? WHERE run_id = ?",
-                    [state, reason, ended, run_id])
+    _update_run(con, run_id, small, moved="E" in staged)
 
 
 def _insert_run_records(con: Any, run_id: str, token: int, records: list[Any]) -> None:
+    """The run's row, from its definition (``D``); the rest is :func:`_update_run`'s."""
     for rec in records:
         if rec[0] == "D":
             _, rid, pipe, target, params, created, options = rec[:7]
@@ -337,8 +332,22 @@ def _insert_run_records(con: Any, run_id: str, token: int, records: list[Any]) -
                         "created_at, token, max_seq) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, 0) "
                         "ON CONFLICT DO NOTHING",
                         [rid, pipe, target, params, options, float(created), token])
-        elif rec[0] == "H":
-            _, htoken, pid, host = rec[:4]
-            con.execute("UPDATE runs SET token = greatest(coalesce(token, 0), ?), "
-                        "driver_pid = ?, driver_host = ? WHERE run_id = ?",
-                        [int(htoken), int(pid), host, run_id])
+
+
+def _update_run(con: Any, run_id: str, records: list[Any], *, moved: bool) -> None:
+    """One UPDATE of the run's row for the batch: its drivers' headers (the highest
+    token, the last driver), its last move's seq (``moved``) and its last state."""
+    sets: list[str] = []
+    params: list[Any] = []
+    headers = [r for r in records if r[0] == "H"]
+    if headers:
+        _, _, pid, host = headers[-1][:4]
+        sets.append("token = greatest(coalesce(token, 0), ?), driver_pid = ?, driver_host = ?")
+        params += [max(int(h[1]) for h in headers), int(pid), host]
+    if moved:
+        sets.append("max_seq = greatest(coalesce(max_seq, 0), (SELECT max(seq) FROM lf_e))")
+    for _, state, reason, at in [r for r in records if r[0] == "S"][-1:]:
+        sets.append("state = ?, reason = ?, ended_at = ?")
+        params += [state, reason, float(at) if state in RUN_TERMINAL_VALUES else None]
+    if sets:
+        con.execute(f"UPDATE runs SET {', '.join(sets)} WHERE run_id = ?", [*params, run_id])
