@@ -62,6 +62,13 @@ def long(n: int = 1200):
 N = 1200
 
 
+def _state(run_id: str, ledger: str, env: dict[str, str], key: str) -> str | None:
+    """Task ``key``'s state as ``pipeline status`` (another process) reads it."""
+    doc = json.loads(pipeline_cli("status", run_id, "--store", ledger, "--json",
+                                  env=env).stdout)
+    return next((t["state"] for t in doc["tasks"] if t["key"] == key), None)
+
+
 def _lines(side: Path, name: str) -> list[str]:
     path = side / name
     return path.read_text().split() if path.exists() else []
@@ -114,6 +121,10 @@ def test_a_resume_after_kill_9_drives_the_rest_from_the_recorded_graph(
     assert first.startswith("run "), first
     run_id = first.split()[1]
     wait_until(lambda: _lines(side, "hung"), timeout=240, what="step 700 to start")
+    # the kill lands once the ledger shows step 700 running: every success before it is
+    # committed (an inline start may run up to a commit lag ahead of its commit)
+    wait_until(lambda: _state(run_id, ledger, env, "step-701") == "running", timeout=240,
+               what="step 700's start in the ledger")
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
     assert _lines(side, "ran") == [str(i) for i in range(700)]
