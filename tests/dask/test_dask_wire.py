@@ -13,6 +13,7 @@ import pytest
 from ledgerflow import context, pipeline, task
 from ledgerflow.executor import Completion, Job
 from ledgerflow_dask import DaskExecutor
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.dask, pytest.mark.timeout(180)]
 
@@ -185,10 +186,8 @@ def busy_workers(client: Any, seconds: float) -> tuple[list[Any], float]:
     """Occupy every worker thread for ``seconds``; the futures and when they all ran."""
     hogs = [client.submit(time.sleep, seconds, workers=[w], pure=False,
                           allow_other_workers=False) for w in client.nthreads()]
-    end = time.monotonic() + 30
-    while sum(len(v) for v in client.call_stack().values()) < len(hogs):
-        assert time.monotonic() < end, "the hogs did not start"
-        time.sleep(0.05)
+    wait_until(lambda: sum(len(v) for v in client.call_stack().values()) >= len(hogs),
+               what="the hogs to start", every=0.05)
     return hogs, time.time()
 
 

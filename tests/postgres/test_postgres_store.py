@@ -32,6 +32,7 @@ from ledgerflow.testing.stores import run_records, started
 from ledgerflow_postgres import PostgresStore
 from ledgerflow_postgres.connection import StoreUnavailableError
 from ledgerflow_postgres.sql import COMMIT_SQL, commit_params
+from tests.waiting import wait_until
 
 from .pgserver import free_port
 
@@ -171,24 +172,26 @@ def test_leases_are_renewed_on_the_servers_clock(pg_url: str) -> None:
         st.close()
 
 
-def test_a_stopped_database_is_waited_for_then_store_unavailable() -> None:
+def test_a_stopped_database_is_waited_for_then_store_unavailable(
+        caplog: pytest.LogCaptureFixture) -> None:
     url = f"postgresql://postgres@127.0.0.1:{free_port()}/nothing"  # nobody listens there
     st = PostgresStore(url, wait=1.0)
-    t = time.monotonic()
-    with pytest.raises(StoreUnavailableError, match="store unavailable: database "
-                       r"postgresql://postgres@127.0.0.1:\d+/nothing did not answer"):
+    with caplog.at_level(logging.WARNING, logger="ledgerflow"), pytest.raises(
+            StoreUnavailableError, match="store unavailable: database "
+            r"postgresql://postgres@127.0.0.1:\d+/nothing did not answer"):
         st.list_runs()
-    assert time.monotonic() - t >= 1.0
+    assert "waiting up to 1s for it" in caplog.text      # it waited, then gave up
     st.close()
 
 
-def test_a_missing_database_fails_at_once(pg_server: Any) -> None:
+def test_a_missing_database_fails_at_once(pg_server: Any,
+                                          caplog: pytest.LogCaptureFixture) -> None:
     st = PostgresStore(pg_server.url_for("no_such_db"), wait=30)
-    t = time.monotonic()
-    with pytest.raises(StoreError, match="cannot use the database") as info:
+    with caplog.at_level(logging.WARNING, logger="ledgerflow"), pytest.raises(
+            StoreError, match="cannot use the database") as info:
         st.list_runs()
     assert not isinstance(info.value, StoreUnavailableError)
-    assert time.monotonic() - t < 10
+    assert "waiting up to" not in caplog.text           # refused, not waited for
     st.close()
 
 
@@ -290,15 +293,11 @@ def test_cancel_from_another_process_reaches_the_driver(pg_url: str, tmp_path: P
         return wait_here.map([1, 2])
 
     run = slow.run(store=pg_url, wait=False)
-    deadline = time.monotonic() + 30
-    while not gate.exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_until(gate.exists, what="a task to start")
     other = store_for(settings_for(pg_url))     # a reader elsewhere: its own store object
-    t = time.monotonic()
     ledgerflow.cancel(run.run_id, store=other)
     assert run.wait(30) == "cancelled"
-    assert time.monotonic() - t < 10
+    # (a task that never saw the cancel would have run its 400 rounds and succeeded)
     assert {r.state for r in run.status().tasks.values()} == {"cancelled"}
     other.close()
 

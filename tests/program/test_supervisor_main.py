@@ -6,12 +6,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from ledgerflow.programs.supervise import SUPERVISOR
 from ledgerflow.programs.tree import SUPERVISOR_MARK, is_supervisor
 from tests.program.proctools import alive
+from tests.waiting import wait_until
 
 
 def _start(argv: list[str]) -> tuple[subprocess.Popen[bytes], int, int]:
@@ -56,10 +56,8 @@ def test_an_argv_that_cannot_run_is_reported() -> None:
 def test_eof_on_its_control_pipe_kills_the_tree_left_below_it(tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
     proc, ctl_w, st_r = _start(["sh", "-c", f"sleep 60 & echo $! > {pid_file}; wait"])
-    deadline = time.monotonic() + 30
-    while not (pid_file.exists() and pid_file.read_text().strip()):
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(),
+               what="the background sleeper's pid")
     sleeper = int(pid_file.read_text())
     assert is_supervisor(proc.pid) and not is_supervisor(sleeper)
     os.close(ctl_w)                                # as when the task's process dies

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from doc_index_testutil import CORPUS, PIPELINE_FILE, RECIPE_DIR, ROOT, query, r
 import ledgerflow
 from ledgerflow.errors import InputError
 from ledgerflow_embed import EmbedderNotFoundError
+from tests.waiting import wait_until
 
 #: What must be equal between two indexes of the same documents.
 CONTENT = "doc_id, position, content_hash, doc_hash, text, embedding, embedder_version"
@@ -188,11 +188,10 @@ def test_sigkill_during_embedding_then_resume(corpus_copy: Path, tmp_path: Path)
         assert proc.stdout is not None
         first_line = proc.stdout.readline()
         run_id = first_line.split()[1]
-        deadline = time.monotonic() + 120
-        while not marker.exists() or len(marker.read_text().split()) < 10:
+        def embedding() -> bool:
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            assert time.monotonic() < deadline, "embedding never started"
-            time.sleep(0.02)
+            return marker.exists() and len(marker.read_text().split()) >= 10
+        wait_until(embedding, timeout=120, what="embedding to start")
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     calls_before = len(marker.read_text().split())

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import doc_index_store as store
@@ -163,14 +162,15 @@ def test_concurrent_writes_from_two_processes(tmp_path: Path) -> None:
 def test_lock_held_by_another_process_is_waited_for(tmp_path: Path) -> None:
     index = tmp_path / "i.duckdb"
     store.write_document(index, make_table("a.txt", TEXTS))
+    releasing = tmp_path / "releasing"
     with subprocess.Popen(
-            [sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); "
-             "print('held', flush=True); time.sleep(1.0); c.close()", str(index)],
+            [sys.executable, "-c", "import duckdb, pathlib, sys, time; "
+             "c = duckdb.connect(sys.argv[1]); print('held', flush=True); time.sleep(1.0); "
+             "pathlib.Path(sys.argv[2]).touch(); c.close()", str(index), str(releasing)],
             stdout=subprocess.PIPE, text=True) as holder:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        start = time.monotonic()
         store.write_document(index, make_table("b.txt", TEXTS))
-        assert time.monotonic() - start > 0.2  # it had to wait for the holder
+        assert releasing.exists()   # it got in only once the holder let go: it waited
     assert len(rows(index)) == 6
 
 
