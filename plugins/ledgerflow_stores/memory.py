@@ -22,7 +22,7 @@ from ledgerflow.errors import (
 )
 from ledgerflow.ledger import RecordReads, matching
 from ledgerflow.projection import apply
-from ledgerflow.records import RUN_KINDS, Record
+from ledgerflow.records import RUN_KINDS, Record, expand
 from ledgerflow.states import TaskState
 from ledgerflow.store import CacheHit, Lease
 from ledgerflow.views import RunView
@@ -138,7 +138,8 @@ class MemoryStore(RecordReads):
             records = self._records.get(run_id)
             if records is None:
                 raise RunNotFoundError(f"no run {run_id!r} in {self.location}")
-            return matching(records, kind, task_key, attempt)
+            # kept as the runner wrote them: outcome records stand for several rows
+            return matching(expand(records), kind, task_key, attempt)
 
     def decide(self, run_id: str, task_key: str, digest: str, decision: str, by: str,
                reason: str, arguments: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -43,7 +43,6 @@ from .records import (
     ToolCall,
     Transition,
     columns,
-    expand,
     field_types,
 )
 from .results import Encoded
@@ -164,9 +163,9 @@ class RecordReads:
 def matching(records: Iterable[Any], kind: type[R], task_key: str | None = None,
              attempt: int | None = None) -> list[R]:
     """The records of exactly ``kind`` in ``records``, of ``task_key`` and ``attempt``
-    where given (the filter a store applies to its unfolded tail; outcome records are
-    matched as the records they stand for)."""
-    return [r for r in expand(list(records)) if type(r) is kind
+    where given (the filter a store applies to its unfolded tail, read or kept one record
+    a row: :func:`ledgerflow.records.expand`)."""
+    return [r for r in records if type(r) is kind
             and (task_key is None or getattr(r, "task_key", None) == task_key)
             and (attempt is None or getattr(r, "attempt", None) == attempt)]
 

@@ -131,6 +131,17 @@ def quick(i: int) -> int:
     return i
 
 
+def _ends_long(last: object):
+    """Five quick tasks, then ``last``: a long attempt started within the lag."""
+    @pipeline
+    def ends_long():
+        x = quick(0)
+        for i in range(1, 5):
+            x = quick(i)
+        return last(x)  # type: ignore[operator]
+    return ends_long
+
+
 @task
 def waits_to_be_seen(upstream: int) -> str:
     """Waits until the ledger shows this attempt running after its upstream's success."""
@@ -146,15 +157,7 @@ def waits_to_be_seen(upstream: int) -> str:
 def test_a_long_attempt_started_within_the_lag_is_committed_while_it_runs(ledger: str,
                                                                            lag) -> None:
     lag("0.2")
-
-    @pipeline
-    def ends_long():
-        x = quick(0)
-        for i in range(1, 5):
-            x = quick(i)
-        return waits_to_be_seen(x)
-
-    run = ends_long.run(store=ledger, executor="inline")
+    run = _ends_long(waits_to_be_seen).run(store=ledger, executor="inline")
     assert run.result() == "seen"
 
 
@@ -191,14 +194,7 @@ def test_a_lagged_commit_that_cannot_be_written_stops_the_drive_and_resumes(
         real(self, lease, records)
 
     monkeypatch.setattr(DuckDBStore, "append", append)
-
-    @pipeline
-    def ends_long():
-        x = quick(0)
-        for i in range(1, 5):
-            x = quick(i)
-        return waits_for_the_refused_write(x)
-
+    ends_long = _ends_long(waits_for_the_refused_write)
     with pytest.raises(OSError, match="No space left"):
         ends_long.run(store=ledger, executor="inline")
     monkeypatch.setattr(DuckDBStore, "append", real)

@@ -105,6 +105,21 @@ def _history(now: float) -> list[list[Record]]:
     ]
 
 
+def _written(st: RunStore, commits: list[list[Record]], now: float, *,
+             taken_over_at: int | None = None) -> list[Record]:
+    """Run ``r0`` created in ``st`` and ``commits`` appended (a new driver takes it over
+    before commit ``taken_over_at``); every record written, in order."""
+    first = run_records("r0", now)
+    lease = st.create_run("r0", first)
+    for i, records in enumerate(commits):
+        if i == taken_over_at:
+            st.release(lease)
+            lease = st.take_over("r0")
+        st.append(lease, records)
+    st.release(lease)
+    return [*first, *(r for c in commits for r in c)]
+
+
 def _compact_history(t: float) -> list[list[Record]]:
     """A run's commits in format 3's outcome records: ``a`` fails once, then both succeed."""
     return [
@@ -144,17 +159,7 @@ class StoreContract:
     def test_reads_equal_the_projection_of_the_records(self, tmp_path: Path) -> None:
         st = self.make_store(tmp_path)
         now = time.time()
-        first = run_records("r0", now)
-        lease = st.create_run("r0", first)
-        commits = _history(now)
-        for records in commits[:3]:
-            st.append(lease, records)
-        st.release(lease)
-        lease = st.take_over("r0")
-        for records in commits[3:]:
-            st.append(lease, records)
-        st.release(lease)
-        all_records = [*first, *(r for c in commits for r in c)]
+        all_records = _written(st, _history(now), now, taken_over_at=3)
         expected = apply(RunView("r0"), all_records)
         got = st.get_run("r0")
         _same_view(got, expected)
@@ -174,13 +179,7 @@ class StoreContract:
     def test_outcome_records_read_as_the_records_they_stand_for(self, tmp_path: Path) -> None:
         st = self.make_store(tmp_path)
         now = time.time()
-        first = run_records("r0", now)
-        lease = st.create_run("r0", first)
-        commits = _compact_history(now)
-        for records in commits:
-            st.append(lease, records)
-        st.release(lease)
-        stands_for = expand([*first, *(r for c in commits for r in c)])
+        stands_for = expand(_written(st, _compact_history(now), now))
         expected = apply(RunView("r0"), stands_for)
         _same_view(st.get_run("r0"), expected)
         assert (expected.tasks["a"].state, expected.tasks["a"].attempts) == ("succeeded", 2)
