@@ -288,9 +288,10 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> Non
     # the kinds present, asked of DuckDB (which works without the GIL: scanning the
     # bytes here would hold up a driver thread of this process)
     # (and the run's own records, few, in one statement: each costs ~2 ms of planning)
+    # (two scans, not one with a FILTER: -2 ms at 10,000 tasks)
     found, small_rows = con.execute(
-        "SELECT list(DISTINCT r[1]), list(r ORDER BY rowid) FILTER "
-        "(WHERE r[1] IN ('D', 'H', 'S')) FROM lf_raw").fetchone()
+        "SELECT (SELECT list(DISTINCT r[1]) FROM lf_raw), (SELECT list(r ORDER BY rowid) "
+        "FROM lf_raw WHERE r[1] IN ('D', 'H', 'S'))").fetchone()
     kinds = set(found or ())
     small = list(small_rows or ())
     # the lf_* temp tables are replaced by the next batch and go with the connection
@@ -328,9 +329,11 @@ def _insert_run_records(con: Any, run_id: str, token: int, records: list[Any]) -
     for rec in records:
         if rec[0] == "D":
             _, rid, pipe, target, params, created, options = rec[:7]
+            # (NOT EXISTS, not ON CONFLICT: its planning costs 1.7 ms more; the fold
+            # holds the file's write lock, so nobody inserts the run meanwhile)
             con.execute("INSERT INTO runs (run_id, pipeline, target, params, options, state, "
-                        "created_at, token, max_seq) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, 0) "
-                        "ON CONFLICT DO NOTHING",
+                        "created_at, token, max_seq) SELECT $1, $2, $3, $4, $5, 'running', $6, "
+                        "$7, 0 WHERE NOT EXISTS (SELECT 1 FROM runs WHERE run_id = $1)",
                         [rid, pipe, target, params, options, float(created), token])
 
 
