@@ -308,3 +308,31 @@ def test_a_fold_setting_that_is_not_a_number_is_a_config_error(monkeypatch) -> N
         FoldPolicy.from_env()
     monkeypatch.setenv("LEDGERFLOW_FOLD_START_AFTER", "2.5")
     assert FoldPolicy.from_env().first_fold == 2.5
+
+
+def test_outcome_records_fold_commit_by_commit_like_their_projection(tmp_path) -> None:
+    """Each commit of format 3's outcome records folded in a batch of its own (a
+    background fold's bites): a batch of only outcome records updates the tasks an
+    earlier batch created, and an ok attempt there clears the error of a failed one."""
+    import time
+
+    from ledgerflow.projection import RunView, apply
+    from ledgerflow.records import expand
+    from ledgerflow.testing.stores import _compact_history, _same_view, run_records
+
+    st = DuckDBStore(str(tmp_path / "l.duckdb"))
+    now = time.time()
+    first = run_records("r0", now)
+    lease = st.create_run("r0", first)
+    written = list(first)
+    for commit in _compact_history(now):
+        st.append(lease, commit)
+        written += commit
+        st.fold_run("r0")
+        expected = apply(RunView("r0"), expand(written))
+        _same_view(st.get_run("r0"), expected)
+    st.release(lease)
+    assert st.get_run("r0").tasks["a"].error is None
+    assert [(a["task_key"], a["outcome"]) for a in st.attempts("r0")] == [
+        ("a", "error"), ("a", "ok"), ("b", "ok")]
+    assert [e["seq"] for e in st.events("r0")] == list(range(1, 12))

@@ -145,6 +145,15 @@ def _append_sql(kind: type[Record], source: str) -> str:
 
 #: Kinds staged into temporary tables (the task update reads them too).
 _STAGED: dict[str, type[Record]] = {"E": Transition, "A": AttemptEnded, "R": ResultRecorded}
+def _result_sets(alias: str) -> dict[str, str]:
+    """The ``tasks`` result columns, from the summary ``alias`` of a task's results."""
+    return {col: f"CASE WHEN {alias}.task_key IS NULL THEN tasks.{col} ELSE {alias}.{src} END"
+            for col, src in (("fingerprint", "fingerprint"), ("result_hash", "content_hash"),
+                             ("result_kind", "kind"), ("result_data", "data"),
+                             ("result_uri", "uri"), ("result_size", "size"),
+                             ("cached_from", "cached_from"), ("result_attempt", "attempt"))}
+
+
 #: Per staged kind: the per-task summary of a batch, and the ``tasks`` columns it sets.
 _SUMMARIES: dict[str, tuple[str, dict[str, str]]] = {
     # a resume reset (to pending from a state) times the task afresh: its start is the
@@ -185,12 +194,23 @@ _SUMMARIES: dict[str, tuple[str, dict[str, str]]] = {
                     arg_max_null(cached_from, i) AS cached_from,
                     arg_max_null(attempt, i) AS attempt
              FROM lf_r GROUP BY task_key""",
-          {col: f"CASE WHEN r.task_key IS NULL THEN tasks.{col} ELSE r.{src} END"
-           for col, src in (("fingerprint", "fingerprint"), ("result_hash", "content_hash"),
-                            ("result_kind", "kind"), ("result_data", "data"),
-                            ("result_uri", "uri"), ("result_size", "size"),
-                            ("cached_from", "cached_from"), ("result_attempt", "attempt"))}),
+          _result_sets("r")),
 }
+#: A batch whose attempts and results all stand in outcome records (``O``: format 3's
+#: usual batch) summarises them from ``lf_src_o`` at once: the ``A`` and ``R`` summaries
+#: of the rows they stand for (an ok attempt: no error; a result: not cached), in one
+#: subquery and one join (the task rows' statement plans in ~3 ms less).
+_SUMMARIES["O"] = (
+    """SELECT task_key, max(attempt) AS attempts, max(i) * 4 AS last_i,
+              arg_max_null(fingerprint, i) AS fingerprint,
+              arg_max_null(content_hash, i) AS content_hash, arg_max_null(kind, i) AS kind,
+              arg_max_null(data, i) AS data, arg_max_null(uri, i) AS uri,
+              arg_max_null(size, i) AS size, NULL::VARCHAR AS cached_from,
+              arg_max_null(attempt, i) AS attempt
+       FROM lf_src_o GROUP BY task_key""",
+    _result_sets("o"))
+#: The table each summary reads (the task keys a batch touches).
+_SOURCE_OF = {"E": "lf_e", "A": "lf_a", "R": "lf_r", "O": "lf_src_o"}
 
 #: The ``error`` column, by which of A and E a batch holds, as the projection applies
 #: records in order: the last attempt's error; else why the task failed without one (a
@@ -202,12 +222,16 @@ _ERROR: dict[tuple[bool, bool], str] = {
     (True, True): "coalesce(CASE WHEN a.task_key IS NULL THEN tasks.error ELSE a.error END, "
                   "list_filter(e.fails, lambda f: f.i > coalesce(a.last_i, -1))[1].reason)",
 }
+#: The same with the attempts in outcome records (``O``, which stand for E rows too):
+#: an ok attempt has no error.
+_ERROR_O = ("coalesce(CASE WHEN o.task_key IS NULL THEN tasks.error END, "
+            "list_filter(e.fails, lambda f: f.i > coalesce(o.last_i, -1))[1].reason)")
 
 
 def _touched(kinds: list[str], *, skip_new: bool) -> str:
     """The task keys the batch's events, attempts and results name (``skip_new``: but
     not the tasks it creates)."""
-    keys = " UNION ".join(f"SELECT task_key FROM lf_{k.lower()}" for k in kinds)
+    keys = " UNION ".join(f"SELECT task_key FROM {_SOURCE_OF[k]}" for k in kinds)
     if skip_new:
         keys = f"SELECT task_key FROM ({keys}) EXCEPT SELECT task_key FROM lf_t"
     return keys
@@ -228,12 +252,14 @@ def _task_update(kinds: list[str], *, skip_new: bool = False) -> str:
 
 
 def _task_sets(kinds: list[str]) -> dict[str, str]:
-    """The columns the task update sets for a batch holding ``kinds`` (of E, A, R), and
+    """The columns the task update sets for a batch holding ``kinds`` (of E, A, R, O), and
     their expressions (over ``tasks.*`` and the batch's summaries)."""
     sets: dict[str, str] = {}
     for k in kinds:
         sets.update(_SUMMARIES[k][1])
-    if "A" in kinds or "E" in kinds:
+    if "O" in kinds:
+        sets["error"] = _ERROR_O
+    elif "A" in kinds or "E" in kinds:
         sets["error"] = _ERROR[("A" in kinds, "E" in kinds)]
     counts = ", ".join(f"coalesce({k.lower()}.attempts, 0)" for k in kinds if k != "R")
     if counts:
@@ -298,12 +324,18 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> Non
     _insert_run_records(con, run_id, token, small)
     stage_sources(con, kinds)
     staged = [k for k, kind in _STAGED.items() if kinds & _tags(kind)]
+    # attempts and results only in outcome records: appended from them, summarised as O
+    outcomes_only = "O" in kinds and not kinds & {"A", "R"}
     for k in staged:
         kind = _STAGED[k]
-        con.execute(f"CREATE OR REPLACE TEMP TABLE lf_{k.lower()} AS "
-                    f"{_expanded_sql(kind, frozenset(kinds & _tags(kind)))}")
-        con.execute(_append_sql(kind, f"lf_{k.lower()}"),
-                    [run_id, token] if kind.TOKENED else [run_id])
+        rows = _expanded_sql(kind, frozenset(kinds & _tags(kind)))
+        params = [run_id, token] if kind.TOKENED else [run_id]
+        if outcomes_only and k != "E":
+            con.execute(_append_sql(kind, f"({rows})"), params)
+            continue
+        con.execute(f"CREATE OR REPLACE TEMP TABLE lf_{k.lower()} AS {rows}")
+        con.execute(_append_sql(kind, f"lf_{k.lower()}"), params)
+    summaries = ["E", "O"] if outcomes_only else staged
     if "T" in kinds:
         # no primary key on tasks: DuckDB keeps ART indexes in memory, ~2 KB a row.
         # Tasks created in this batch are inserted in the state the batch leaves them
@@ -311,12 +343,12 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> Non
         con.execute("CREATE OR REPLACE TEMP TABLE lf_t AS SELECT * FROM lf_src_t "
                     "WHERE task_key NOT IN "
                     "(SELECT task_key FROM tasks WHERE run_id = ?)", [run_id])
-        con.execute(_task_insert(staged), [run_id])
+        con.execute(_task_insert(summaries), [run_id])
     # a batch that names only tasks it creates (a small run's one fold) has nothing to
     # update: the update costs ~15 ms of planning however few its rows
-    if staged and ("T" not in kinds or con.execute(
-            f"SELECT EXISTS ({_touched(staged, skip_new=True)})").fetchone()[0]):
-        con.execute(_task_update(staged, skip_new="T" in kinds), [run_id])
+    if summaries and ("T" not in kinds or con.execute(
+            f"SELECT EXISTS ({_touched(summaries, skip_new=True)})").fetchone()[0]):
+        con.execute(_task_update(summaries, skip_new="T" in kinds), [run_id])
     for tag, kind in KINDS.items():     # the other kinds that append rows
         if kind.TABLE and tag in kinds and tag not in _STAGED:
             con.execute(_append_sql(kind, f"({stage_sql(kind)})"),
