@@ -336,3 +336,56 @@ def test_outcome_records_fold_commit_by_commit_like_their_projection(tmp_path) -
     assert [(a["task_key"], a["outcome"]) for a in st.attempts("r0")] == [
         ("a", "error"), ("a", "ok"), ("b", "ok")]
     assert [e["seq"] for e in st.events("r0")] == list(range(1, 12))
+
+
+def _moves(run) -> list[tuple]:
+    return [(e["seq"], e["task_key"], e["attempt"], e["from_state"], e["to_state"])
+            for e in run.events()]
+
+
+def test_a_plain_tasks_moves_live_in_its_row_and_read_as_events(tmp_path) -> None:
+    """Schema 5: a new task's creation moves and its first success are kept in its row,
+    and the ``events`` view reads every move as the memory store gives it (tasks that
+    fail and retry, in ``fan``, too)."""
+    import duckdb
+
+    path = tmp_path / "l.duckdb"
+    for pipe in (fan, wide):
+        mem = pipe.run(n=6, store=f"memory:{tmp_path}-{pipe.name}", executor="inline")
+        disk = pipe.run(n=6, store=str(path), executor="inline")
+        assert _moves(disk) == _moves(mem) and len(_moves(disk)) > 20
+    con = duckdb.connect(str(path), read_only=True)
+    (rows,), (view,) = (con.execute(f"SELECT count(*) FROM {t} WHERE run_id = ?",
+                                    [disk.run_id]).fetchone() for t in ("event_rows", "events"))
+    (kept,) = con.execute("SELECT count(*) FROM tasks WHERE run_id = ? AND ok_seq IS NOT NULL",
+                          [disk.run_id]).fetchone()
+    con.close()
+    # wide: 7 plain tasks' 28 moves; the rows hold the dispatches (and total's release)
+    assert (view, kept) == (28, 7) and rows <= view / 3
+
+
+def test_repair_copies_the_events_of_a_schema_4_file_into_event_rows(tmp_path) -> None:
+    """A run folded by a release at schema version 4 whose journal is gone, in a file
+    too damaged to upgrade (its version says 3): ``repair`` copies the run's rows from
+    the old file, its ``events`` into ``event_rows``."""
+    import duckdb
+
+    from ledgerflow_stores.duckdb import schema
+
+    path = tmp_path / "l.duckdb"
+    run = fan.run(n=6, store=str(path), executor="inline")
+    before = _moves(run)
+    con = duckdb.connect(str(path))     # as schema 4 wrote it: every move a row
+    con.execute("CREATE TABLE old_events AS SELECT * FROM events")
+    con.execute("DROP VIEW events")
+    con.execute("DROP TABLE event_rows")
+    con.execute("ALTER TABLE old_events RENAME TO events")
+    for col in schema.DERIVED_COLUMNS:
+        con.execute(f"ALTER TABLE tasks DROP COLUMN {col.split()[0]}")
+    con.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+    con.close()
+    for journal in (tmp_path / "l.duckdb.d" / "journals").iterdir():
+        journal.unlink()        # folded long ago: only the old file holds the run
+    _, notes = DuckDBStore(str(path)).repair()
+    assert any("without a journal copied" in n for n in notes), notes
+    assert _moves(ledgerflow.get_run(run.run_id, store=str(path))) == before

@@ -116,10 +116,22 @@ def stage_sources(con: Any, kinds: set[str]) -> None:
                         f"{stage_sql(kind, compact=True)}")
 
 
+#: Per source tag, which of the events its records stand for a new task's row keeps
+#: (:data:`.schema.EVENTS_VIEW`): a creation's two moves, and the success of the task's
+#: first outcome record in the batch.
+_KEPT_IN_ROW = {
+    "T": "task_key IN (SELECT task_key FROM lf_t)",
+    "O": "i IN (SELECT min(i) FROM lf_src_o WHERE task_key IN (SELECT task_key FROM lf_t) "
+         "GROUP BY task_key)",
+}
+
+
 @functools.cache
-def _expanded_sql(kind: type[Record], tags: frozenset[str]) -> str:
+def _expanded_sql(kind: type[Record], tags: frozenset[str],
+                  kept: frozenset[str] = frozenset()) -> str:
     """The typed rows of ``kind`` that the batch's records of ``tags`` stand for, in the
-    order :func:`ledgerflow.records.expand` gives them (``i``)."""
+    order :func:`ledgerflow.records.expand` gives them (``i``). Events also say whether
+    a task row keeps them (``in_row``), for the records of ``kept``."""
     parts = []
     for src, sub, where, exprs in _EXPANSIONS[kind]:
         tag = src.__struct_config__.tag
@@ -127,6 +139,8 @@ def _expanded_sql(kind: type[Record], tags: frozenset[str]) -> str:
             continue
         cols = ", ".join(f'{exprs.get(c) or chr(34) + c + chr(34)} AS "{c}"'
                          for c in columns(kind))
+        if kind is Transition:
+            cols += f", {_KEPT_IN_ROW[tag] if tag in kept else 'FALSE'} AS in_row"
         source = f"lf_src_{tag.lower()}" if src in _SOURCES else f"({stage_sql(src)})"
         parts.append(f"SELECT i * 4 + {sub} AS i, {cols} FROM {source} WHERE {where}")
     if len(parts) == 1 or kind is Transition:      # events are read by seq
@@ -134,13 +148,20 @@ def _expanded_sql(kind: type[Record], tags: frozenset[str]) -> str:
     return f"SELECT * FROM ({' UNION ALL '.join(parts)}) ORDER BY i"    # rows in write order
 
 
+#: The table a kind's rows are written to, where it is not the one readers read
+#: (``events`` is a view: :data:`.schema.EVENTS_VIEW`).
+_PHYSICAL = {"events": "event_rows"}
+
+
 @functools.cache
 def _append_sql(kind: type[Record], source: str) -> str:
     cols = ", ".join(f'"{c}"' for c in columns(kind))
     token = ", token" if kind.TOKENED else ""
     params = ", ?" if kind.TOKENED else ""
-    return (f"INSERT INTO {kind.TABLE} (run_id, {cols}{token}) "
-            f"SELECT ?, {cols}{params} FROM {source}")
+    table = _PHYSICAL.get(kind.TABLE or "", kind.TABLE)
+    where = " WHERE NOT in_row" if kind is Transition else ""
+    return (f"INSERT INTO {table} (run_id, {cols}{token}) "
+            f"SELECT ?, {cols}{params} FROM {source}{where}")
 
 
 #: Kinds staged into temporary tables (the task update reads them too).
@@ -206,7 +227,8 @@ _SUMMARIES["O"] = (
               arg_max_null(content_hash, i) AS content_hash, arg_max_null(kind, i) AS kind,
               arg_max_null(data, i) AS data, arg_max_null(uri, i) AS uri,
               arg_max_null(size, i) AS size, NULL::VARCHAR AS cached_from,
-              arg_max_null(attempt, i) AS attempt
+              arg_max_null(attempt, i) AS attempt, arg_min(seq, i) AS ok_seq,
+              arg_min(attempt, i) AS ok_attempt, arg_min(ts, i) AS ok_ts
        FROM lf_src_o GROUP BY task_key""",
     _result_sets("o"))
 #: The table each summary reads (the task keys a batch touches).
@@ -273,6 +295,15 @@ _NEW_TASK = {"state": "'pending'", "attempts": "0", "budget_base": "0"}
 _TASK_STATE_COLUMNS = ("state", "attempts", "budget_base", "started_at", "ended_at", "error",
                        "fingerprint", "result_hash", "result_kind", "result_data",
                        "result_uri", "result_size", "cached_from", "result_attempt")
+#: The moves a new task's row keeps (:data:`_KEPT_IN_ROW`; ``$2``: the batch's token):
+#: its creation's, and with the outcome records summarised (``O``) its first success's.
+_CREATED = {"created_seq": "CASE WHEN t.seq > 0 THEN t.seq END",
+            "created_ts": 'CASE WHEN t.seq > 0 THEN t."at" END',
+            "created_token": "CASE WHEN t.seq > 0 THEN $2 END",
+            **{f"then_{f}": f"CASE WHEN t.seq > 0 THEN t.then_{f} END"
+               for f in ("state", "attempt", "reason", "ts")}}
+_SUCCEEDED = {"ok_seq": "o.ok_seq", "ok_attempt": "o.ok_attempt", "ok_ts": "o.ok_ts",
+              "ok_token": "CASE WHEN o.ok_seq IS NOT NULL THEN $2 END"}
 
 
 def _task_insert(kinds: list[str]) -> str:
@@ -283,11 +314,13 @@ def _task_insert(kinds: list[str]) -> str:
                      f"ON {k.lower()}.task_key = t.task_key" for k in kinds)
     exprs = {col: re.sub(r"\btasks\.(\w+)", lambda m: _NEW_TASK.get(m.group(1), "NULL"), expr)
              for col, expr in _task_sets(kinds).items()}
-    values = ", ".join(exprs.get(c, _NEW_TASK.get(c, "NULL")) for c in _TASK_STATE_COLUMNS)
+    values = [exprs.get(c, _NEW_TASK.get(c, "NULL")) for c in _TASK_STATE_COLUMNS]
+    kept = {**_CREATED, **(_SUCCEEDED if "O" in kinds else {})}
     return ("INSERT INTO tasks (run_id, task_key, task_name, node, item_key, position, "
-            f"upstream, code_version, {', '.join(_TASK_STATE_COLUMNS)}) "
-            "SELECT ?, t.task_key, t.task_name, t.node, t.item_key, t.position, t.upstream, "
-            f"t.code_version, {values} FROM lf_t t {joins} ORDER BY t.i")
+            f"upstream, code_version, {', '.join([*_TASK_STATE_COLUMNS, *kept])}) "
+            "SELECT $1, t.task_key, t.task_name, t.node, t.item_key, t.position, t.upstream, "
+            f"t.code_version, {', '.join([*values, *kept.values()])} "
+            f"FROM lf_t t {joins} ORDER BY t.i")
 
 
 def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> None:
@@ -323,12 +356,23 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> Non
     # the lf_* temp tables are replaced by the next batch and go with the connection
     _insert_run_records(con, run_id, token, small)
     stage_sources(con, kinds)
+    if "T" in kinds:
+        # no primary key on tasks: DuckDB keeps ART indexes in memory, ~2 KB a row.
+        # Tasks created in this batch are inserted in the state the batch leaves them
+        # (one write a task); the others are updated below.
+        con.execute("CREATE OR REPLACE TEMP TABLE lf_t AS SELECT * FROM lf_src_t "
+                    "WHERE task_key NOT IN "
+                    "(SELECT task_key FROM tasks WHERE run_id = ?)", [run_id])
     staged = [k for k, kind in _STAGED.items() if kinds & _tags(kind)]
     # attempts and results only in outcome records: appended from them, summarised as O
     outcomes_only = "O" in kinds and not kinds & {"A", "R"}
+    # the moves new tasks' rows keep (their creation's; their first success's with O)
+    kept = frozenset({"T", "O"} if outcomes_only else {"T"}) & kinds if "T" in kinds \
+        else frozenset()
     for k in staged:
         kind = _STAGED[k]
-        rows = _expanded_sql(kind, frozenset(kinds & _tags(kind)))
+        rows = _expanded_sql(kind, frozenset(kinds & _tags(kind)),
+                             kept if kind is Transition else frozenset())
         params = [run_id, token] if kind.TOKENED else [run_id]
         if outcomes_only and k != "E":
             con.execute(_append_sql(kind, f"({rows})"), params)
@@ -337,13 +381,7 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> Non
         con.execute(_append_sql(kind, f"lf_{k.lower()}"), params)
     summaries = ["E", "O"] if outcomes_only else staged
     if "T" in kinds:
-        # no primary key on tasks: DuckDB keeps ART indexes in memory, ~2 KB a row.
-        # Tasks created in this batch are inserted in the state the batch leaves them
-        # (one write a task); the others are updated below.
-        con.execute("CREATE OR REPLACE TEMP TABLE lf_t AS SELECT * FROM lf_src_t "
-                    "WHERE task_key NOT IN "
-                    "(SELECT task_key FROM tasks WHERE run_id = ?)", [run_id])
-        con.execute(_task_insert(summaries), [run_id])
+        con.execute(_task_insert(summaries), [run_id, token])
     # a batch that names only tasks it creates (a small run's one fold) has nothing to
     # update: the update costs ~15 ms of planning however few its rows
     if summaries and ("T" not in kinds or con.execute(

@@ -414,14 +414,20 @@ def _old_tables(con: Any) -> dict[str, list[str]]:
     return out
 
 
+#: Old tables whose rows a newer schema keeps in another table (version 5: ``events``
+#: is a view of ``event_rows`` and of task rows).
+_RENAMED = {"events": "event_rows"}
+
+
 def _copy_rows(con: Any, tables: dict[str, list[str]], runs: list[str], *,
                replace: bool) -> None:
     for table, cols in tables.items():
         names = ", ".join(f'"{c}"' for c in cols)
+        target = _RENAMED.get(table, table)
         if replace:
-            con.execute(f'DELETE FROM main."{table}" WHERE run_id IN '
+            con.execute(f'DELETE FROM main."{target}" WHERE run_id IN '
                         "(SELECT unnest($1::VARCHAR[]))", [runs])
-        con.execute(f'INSERT INTO main."{table}" ({names}) SELECT {names} FROM '
+        con.execute(f'INSERT INTO main."{target}" ({names}) SELECT {names} FROM '
                     f'old."{table}" WHERE run_id IN (SELECT unnest($1::VARCHAR[]))', [runs])
 
 

@@ -15,10 +15,33 @@ import duckdb
 
 from ledgerflow.errors import NotALedgerError, SchemaVersionError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: The fix for a file that is not a ledger (every command and ``pipeline doctor`` say it).
 NOT_A_LEDGER = ("pass --store the path of a ledgerflow ledger (a new path creates one); "
                 "this file is someone else's")
+
+#: The ``tasks`` columns the moves of a task's creation and success are derived from
+#: (schema version 5; see :data:`EVENTS_VIEW`).
+DERIVED_COLUMNS = ("created_seq BIGINT", "created_ts DOUBLE", "created_token INTEGER",
+                   "then_state VARCHAR", "then_attempt INTEGER", "then_reason VARCHAR",
+                   "then_ts DOUBLE", "ok_seq BIGINT", "ok_attempt INTEGER", "ok_ts DOUBLE",
+                   "ok_token INTEGER")
+#: Every move of every task: the rows of ``event_rows``, and the moves task rows hold
+#: (:func:`ledgerflow.records.expand` of the ``TaskCreated`` and ``Succeeded`` the fold
+#: kept in the row).
+EVENTS_VIEW = """
+    SELECT run_id, seq, task_key, attempt, from_state, to_state, reason, ts, token
+    FROM event_rows
+    UNION ALL
+    SELECT run_id, created_seq, task_key, 0, NULL, 'pending', '', created_ts, created_token
+    FROM tasks WHERE created_seq IS NOT NULL
+    UNION ALL
+    SELECT run_id, created_seq + 1, task_key, then_attempt, 'pending', then_state,
+           then_reason, then_ts, created_token
+    FROM tasks WHERE created_seq IS NOT NULL AND then_state IS NOT NULL
+    UNION ALL
+    SELECT run_id, ok_seq, task_key, ok_attempt, 'running', 'succeeded', '', ok_ts, ok_token
+    FROM tasks WHERE ok_seq IS NOT NULL"""
 
 MIGRATIONS: list[tuple[int, list[str]]] = [
     (1, [
@@ -104,6 +127,15 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         """CREATE TABLE tool_calls(run_id VARCHAR, task_key VARCHAR, attempt INTEGER,
             seq INTEGER, tool VARCHAR, arguments_digest VARCHAR, approved_by VARCHAR,
             outcome VARCHAR, result_hash VARCHAR, error VARCHAR, replayed BOOLEAN)""",
+    ]),
+    (5, [
+        # a task row holds the moves of its creation (format 3's TaskCreated: pending and
+        # the move after it) and of its success (Succeeded: running -> succeeded) when
+        # they were folded with it: ``events`` is a view of the moves written as rows
+        # and those (one task row, not four event rows, for a plain task)
+        "ALTER TABLE events RENAME TO event_rows",
+        *(f"ALTER TABLE tasks ADD COLUMN {col}" for col in DERIVED_COLUMNS),
+        f"CREATE VIEW events AS {EVENTS_VIEW}",
     ]),
 ]
 
