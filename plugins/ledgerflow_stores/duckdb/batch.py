@@ -323,8 +323,9 @@ def _task_insert(kinds: list[str]) -> str:
             f"FROM lf_t t {joins} ORDER BY t.i")
 
 
-def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> None:
-    """Fold journal lines (``body``: complete lines) into the tables, set-based.
+def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> str | None:
+    """Fold journal lines (``body``: complete lines) into the tables, set-based; returns
+    the run state the lines leave the run in, if they move it.
 
     One parse, in bounded memory even for a commit of 100,000 task records,
     and no Arrow conversion (building Arrow arrays from Python lists makes
@@ -392,6 +393,8 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> Non
             con.execute(_append_sql(kind, f"({stage_sql(kind)})"),
                         [run_id, token] if kind.TOKENED else [run_id])
     _update_run(con, run_id, small, moved="E" in staged)
+    states = [r[1] for r in small if r[0] == "S"]
+    return states[-1] if states else None
 
 
 def _insert_run_records(con: Any, run_id: str, token: int, records: list[Any]) -> None:

@@ -10,7 +10,6 @@ from the last batch. :class:`BackgroundFold` folds while a run goes on.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -28,6 +27,7 @@ from ledgerflow.errors import ConfigError, StoreLockedError
 from ledgerflow.records import Takeover
 
 from .batch import insert
+from .connection import instance_setting
 from .journal import (
     UNCHECKED_DECISION,
     Damage,
@@ -98,6 +98,8 @@ class Fold:
         self.journals = journals
         self.scratch = scratch
         self.policy = policy
+        #: run -> the run state its last folded batch moved it to
+        self.states: dict[str, str] = {}
 
     def run(self, con: Any, run_id: str, max_bytes: int | None = None, *,
             segs: list[tuple[int, Path]] | None = None,
@@ -113,11 +115,12 @@ class Fold:
         if not segs:
             return False
         # without a limit DuckDB keeps ~1 KB a folded task cached (the limit costs
-        # ~10% more time at 100k tasks)
-        con.execute(f"SET memory_limit='{self.policy.memory_limit}'")
-        # one DuckDB thread: a batch (8 MB at most) is too small to gain from more, and
-        # a background fold leaves the other core to the driver (10k tasks: -30 ms)
-        con.execute("SET threads = 1")
+        # ~10% more time at 100k tasks); one DuckDB thread: a batch (8 MB at most) is
+        # too small to gain from more, and a background fold leaves the other core to
+        # the driver (10k tasks: -30 ms). Both are the instance's, and stay set for
+        # the process's later reads (setting them again costs ~2 ms a fold)
+        instance_setting(con, "memory_limit", self.policy.memory_limit)
+        instance_setting(con, "threads", "1")
         try:
             return self._segments(con, run_id, segs, max_bytes, yield_to)
         except duckdb.OutOfMemoryException:
@@ -125,12 +128,9 @@ class Fold:
             # it (each batch committed with its offset, so this continues, not redoes)
             log.info("fold of run %s needs more than %s; retrying without the limit",
                      run_id, self.policy.memory_limit)
-            con.execute("RESET memory_limit")
+            instance_setting(con, "memory_limit", None)
             return self._segments(con, run_id, self.journals.segments(run_id), max_bytes,
                                   yield_to)
-        finally:
-            with contextlib.suppress(duckdb.Error):     # never hides what the fold raised
-                con.execute("RESET threads")
 
     def _segments(self, con: Any, run_id: str, segs: list[tuple[int, Path]],
                   max_bytes: int | None, yield_to: Callable[[], bool] | None) -> bool:
@@ -173,6 +173,7 @@ class Fold:
         ``known``: the segment has a row in ``journal_folds`` already.
         """
         clean, good_end, damage = _verified(path, body, end)
+        state: str | None = None
         con.execute("BEGIN")
         try:
             if stale:   # what a superseded driver wrote after the takeover
@@ -182,7 +183,7 @@ class Fold:
                              f"rejected {count} record(s) written under superseded "
                              f"token {token}", time.time()])
             elif clean:
-                insert(con, run_id, token, clean, self._scratch())
+                state = insert(con, run_id, token, clean, self._scratch())
         except (duckdb.InvalidInputException, duckdb.ConversionException,
                 duckdb.BinderException) as exc:
             con.execute("ROLLBACK")
@@ -192,7 +193,7 @@ class Fold:
             con.execute("BEGIN")
             try:
                 if clean:
-                    insert(con, run_id, token, clean, self._scratch())
+                    state = insert(con, run_id, token, clean, self._scratch())
             except BaseException:
                 con.execute("ROLLBACK")
                 raise
@@ -213,6 +214,8 @@ class Fold:
                 log.warning("run %s: %s; the records after it are not applied",
                             run_id, damage.describe())
             con.execute("COMMIT")
+            if state is not None:
+                self.states[run_id] = state
         except BaseException:
             con.execute("ROLLBACK")
             raise

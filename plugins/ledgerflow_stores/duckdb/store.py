@@ -207,6 +207,7 @@ class DuckDBStore(RecordReads):
         journal is archived (compressed).
         """
         budget = max_bytes
+        self.folds.states.pop(run_id, None)     # (what this call folds says the state)
         while True:
             bite = self.policy.bite_bytes if budget is None else min(budget,
                                                                      self.policy.bite_bytes)
@@ -225,8 +226,10 @@ class DuckDBStore(RecordReads):
                             return True
                     continue
                 if archive_finished:
-                    state = con.execute("SELECT state FROM runs WHERE run_id = ?",
-                                        [run_id]).fetchall()
+                    # the state this call's batches moved the run to, else the folded one
+                    state = [(self.folds.states.pop(run_id),)] if run_id in \
+                        self.folds.states else con.execute(
+                            "SELECT state FROM runs WHERE run_id = ?", [run_id]).fetchall()
                     if state and state[0][0] in RUN_TERMINAL_VALUES:
                         # fully folded and finished: compressed, kept for repair
                         self.journals.archive(run_id)
