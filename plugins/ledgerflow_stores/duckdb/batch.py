@@ -107,11 +107,18 @@ def _tags(kind: type[Record]) -> frozenset[str]:
 _SOURCES: tuple[type[Record], ...] = (TaskCreated, Transition, Succeeded)
 
 
-def stage_sources(con: Any, kinds: set[str]) -> None:
-    """Cast the batch's records of :data:`_SOURCES` once each (those it holds)."""
+def stage_sources(con: Any, kinds: set[str], run_id: str) -> None:
+    """Cast the batch's records of :data:`_SOURCES` once each (those it holds); a
+    creation says whether its task is ``new`` (not in ``tasks`` yet: inserted in the
+    state the batch leaves it, one write a task; the others are updated)."""
     for kind in _SOURCES:
         tag = kind.__struct_config__.tag
-        if tag in kinds:
+        if tag == "T" and tag in kinds:
+            # (no primary key on tasks: DuckDB keeps ART indexes in memory, ~2 KB a row)
+            con.execute("CREATE OR REPLACE TEMP TABLE lf_src_t AS SELECT *, task_key NOT IN "
+                        "(SELECT task_key FROM tasks WHERE run_id = ?) AS new FROM "
+                        f"({stage_sql(kind, compact=True)})", [run_id])
+        elif tag in kinds:
             con.execute(f"CREATE OR REPLACE TEMP TABLE lf_src_{tag.lower()} AS "
                         f"{stage_sql(kind, compact=True)}")
 
@@ -120,8 +127,9 @@ def stage_sources(con: Any, kinds: set[str]) -> None:
 #: (:data:`.schema.EVENTS_VIEW`): a creation's two moves, and the success of the task's
 #: first outcome record in the batch.
 _KEPT_IN_ROW = {
-    "T": "task_key IN (SELECT task_key FROM lf_t)",
-    "O": "i IN (SELECT min(i) FROM lf_src_o WHERE task_key IN (SELECT task_key FROM lf_t) "
+    "T": "new",
+    "O": "i IN (SELECT min(i) FROM lf_src_o WHERE task_key IN (SELECT task_key FROM lf_src_t "
+         "WHERE new) "
          "GROUP BY task_key)",
 }
 
@@ -255,14 +263,14 @@ def _touched(kinds: list[str], *, skip_new: bool) -> str:
     not the tasks it creates)."""
     keys = " UNION ".join(f"SELECT task_key FROM {_SOURCE_OF[k]}" for k in kinds)
     if skip_new:
-        keys = f"SELECT task_key FROM ({keys}) EXCEPT SELECT task_key FROM lf_t"
+        keys = f"SELECT task_key FROM ({keys}) EXCEPT SELECT task_key FROM lf_src_t WHERE new"
     return keys
 
 
 def _task_update(kinds: list[str], *, skip_new: bool = False) -> str:
     """One UPDATE of ``tasks`` from the batch's events, attempts and results.
 
-    ``skip_new``: leave out the tasks of ``lf_t`` (created in this batch, inserted
+    ``skip_new``: leave out the new tasks of ``lf_src_t`` (created in this batch, inserted
     with their state already by :func:`_task_insert`).
     """
     keys = _touched(kinds, skip_new=skip_new)
@@ -307,7 +315,7 @@ _SUCCEEDED = {"ok_seq": "o.ok_seq", "ok_attempt": "o.ok_attempt", "ok_ts": "o.ok
 
 
 def _task_insert(kinds: list[str]) -> str:
-    """One INSERT of the tasks created in this batch (``lf_t``), with the state the
+    """One INSERT of the tasks created in this batch (``new``), with the state the
     batch's events, attempts and results leave them in: the same expressions as
     :func:`_task_update`, applied to a row as created (one write a task, not two)."""
     joins = " ".join(f"LEFT JOIN ({_SUMMARIES[k][0]}) {k.lower()} "
@@ -320,7 +328,7 @@ def _task_insert(kinds: list[str]) -> str:
             f"upstream, code_version, {', '.join([*_TASK_STATE_COLUMNS, *kept])}) "
             "SELECT $1, t.task_key, t.task_name, t.node, t.item_key, t.position, t.upstream, "
             f"t.code_version, {', '.join([*values, *kept.values()])} "
-            f"FROM lf_t t {joins} ORDER BY t.i")
+            f"FROM (SELECT * FROM lf_src_t WHERE new) t {joins} ORDER BY t.i")
 
 
 def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> str | None:
@@ -356,14 +364,7 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> str
     small = list(small_rows or ())
     # the lf_* temp tables are replaced by the next batch and go with the connection
     _insert_run_records(con, run_id, token, small)
-    stage_sources(con, kinds)
-    if "T" in kinds:
-        # no primary key on tasks: DuckDB keeps ART indexes in memory, ~2 KB a row.
-        # Tasks created in this batch are inserted in the state the batch leaves them
-        # (one write a task); the others are updated below.
-        con.execute("CREATE OR REPLACE TEMP TABLE lf_t AS SELECT * FROM lf_src_t "
-                    "WHERE task_key NOT IN "
-                    "(SELECT task_key FROM tasks WHERE run_id = ?)", [run_id])
+    stage_sources(con, kinds, run_id)
     staged = [k for k, kind in _STAGED.items() if kinds & _tags(kind)]
     # attempts and results only in outcome records: appended from them, summarised as O
     outcomes_only = "O" in kinds and not kinds & {"A", "R"}
@@ -384,9 +385,11 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> str
     if "T" in kinds:
         con.execute(_task_insert(summaries), [run_id, token])
     # a batch that names only tasks it creates (a small run's one fold) has nothing to
-    # update: the update costs ~15 ms of planning however few its rows
-    if summaries and ("T" not in kinds or con.execute(
-            f"SELECT EXISTS ({_touched(summaries, skip_new=True)})").fetchone()[0]):
+    # update: the update costs ~15 ms of planning however few its rows. So has the batch
+    # that defines the run (D): no task of the run was folded before it
+    defines_run = any(r[0] == "D" for r in small)
+    if summaries and ("T" not in kinds or (not defines_run and con.execute(
+            f"SELECT EXISTS ({_touched(summaries, skip_new=True)})").fetchone()[0])):
         con.execute(_task_update(summaries, skip_new="T" in kinds), [run_id])
     for tag, kind in KINDS.items():     # the other kinds that append rows
         if kind.TABLE and tag in kinds and tag not in _STAGED:
