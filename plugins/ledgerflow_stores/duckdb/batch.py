@@ -363,7 +363,6 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> str
     kinds = set(found or ())
     small = list(small_rows or ())
     # the lf_* temp tables are replaced by the next batch and go with the connection
-    _insert_run_records(con, run_id, token, small)
     stage_sources(con, kinds, run_id)
     staged = [k for k, kind in _STAGED.items() if kinds & _tags(kind)]
     # attempts and results only in outcome records: appended from them, summarised as O
@@ -395,22 +394,34 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> str
         if kind.TABLE and tag in kinds and tag not in _STAGED:
             con.execute(_append_sql(kind, f"({stage_sql(kind)})"),
                         [run_id, token] if kind.TOKENED else [run_id])
-    _update_run(con, run_id, small, moved="E" in staged)
+    if not (defines_run and _insert_run(con, token, small, moved="E" in staged)):
+        _update_run(con, run_id, small, moved="E" in staged)
     states = [r[1] for r in small if r[0] == "S"]
     return states[-1] if states else None
 
 
-def _insert_run_records(con: Any, run_id: str, token: int, records: list[Any]) -> None:
-    """The run's row, from its definition (``D``); the rest is :func:`_update_run`'s."""
-    for rec in records:
-        if rec[0] == "D":
-            _, rid, pipe, target, params, created, options = rec[:7]
-            # (NOT EXISTS, not ON CONFLICT: its planning costs 1.7 ms more; the fold
-            # holds the file's write lock, so nobody inserts the run meanwhile)
-            con.execute("INSERT INTO runs (run_id, pipeline, target, params, options, state, "
-                        "created_at, token, max_seq) SELECT $1, $2, $3, $4, $5, 'running', $6, "
-                        "$7, 0 WHERE NOT EXISTS (SELECT 1 FROM runs WHERE run_id = $1)",
-                        [rid, pipe, target, params, options, float(created), token])
+def _insert_run(con: Any, token: int, records: list[Any], *, moved: bool) -> bool:
+    """The run's row from its definition (``D``), as the batch that defines the run
+    leaves it (what :func:`_update_run` would set, in the same statement); False if the
+    row was there already (then the caller updates it)."""
+    _, rid, pipe, target, params, created, options = next(r for r in records
+                                                            if r[0] == "D")[:7]
+    headers = [r for r in records if r[0] == "H"]
+    pid, host = (int(headers[-1][2]), headers[-1][3]) if headers else (None, None)
+    moves = [r for r in records if r[0] == "S"]
+    state, reason, at = moves[-1][1:4] if moves else ("running", None, None)
+    ended = float(at) if state in RUN_TERMINAL_VALUES else None
+    # (NOT EXISTS, not ON CONFLICT: its planning costs 1.7 ms more; the fold holds the
+    # file's write lock, so nobody inserts the run meanwhile)
+    max_seq = "(SELECT coalesce(max(seq), 0) FROM lf_e)" if moved else "0"
+    (inserted,) = con.execute(
+        "INSERT INTO runs (run_id, pipeline, target, params, options, state, reason, "
+        "created_at, ended_at, token, driver_pid, driver_host, max_seq) SELECT $1, $2, $3, "
+        f"$4, $5, $6, $7, $8, $9, $10, $11, $12, {max_seq} "
+        "WHERE NOT EXISTS (SELECT 1 FROM runs WHERE run_id = $1)",
+        [rid, pipe, target, params, options, state, reason, float(created), ended,
+         max([token, *(int(h[1]) for h in headers)]), pid, host]).fetchone()
+    return bool(inserted)
 
 
 def _update_run(con: Any, run_id: str, records: list[Any], *, moved: bool) -> None:
