@@ -65,7 +65,7 @@ def stage_sql(kind: type[Record], *, compact: bool = False) -> str:
     cols = ", ".join(f'{_sql_cast(types_[name], n + 2)} AS "{name}"'
                      for n, name in enumerate(names))
     tag = kind.__struct_config__.tag
-    return f"SELECT i, {cols} FROM (SELECT rowid AS i, r FROM lf_raw) WHERE r[1] = '{tag}'"
+    return f"SELECT i, {cols} FROM (SELECT rowid AS i, r FROM lf_raw WHERE k = '{tag}')"
 
 
 _MOVE_ON = {"seq": "seq + 1", "attempt": "then_attempt", "reason": "then_reason",
@@ -348,7 +348,9 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> str
     private.write_file(scratch, body.replace(b"]\n[", b","))
     del body
     try:
-        con.execute("CREATE OR REPLACE TEMP TABLE lf_raw AS SELECT json AS r FROM "
+        # (each record's tag as a column of its own: the kinds query and the staging
+        # queries filter on it, not on r[1], -6 ms at 10,000 tasks)
+        con.execute("CREATE OR REPLACE TEMP TABLE lf_raw AS SELECT json[1] AS k, json AS r FROM "
                     "read_json($1, format='array', records=false, "
                     "columns={'json': 'VARCHAR[]'})", [str(scratch)])
     finally:
@@ -358,8 +360,8 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> str
     # (and the run's own records, few, in one statement: each costs ~2 ms of planning)
     # (two scans, not one with a FILTER: -2 ms at 10,000 tasks)
     found, small_rows = con.execute(
-        "SELECT (SELECT list(DISTINCT r[1]) FROM lf_raw), (SELECT list(r ORDER BY rowid) "
-        "FROM lf_raw WHERE r[1] IN ('D', 'H', 'S'))").fetchone()
+        "SELECT (SELECT list(DISTINCT k) FROM lf_raw), (SELECT list(r ORDER BY rowid) "
+        "FROM lf_raw WHERE k IN ('D', 'H', 'S'))").fetchone()
     kinds = set(found or ())
     small = list(small_rows or ())
     # the lf_* temp tables are replaced by the next batch and go with the connection
