@@ -411,8 +411,10 @@ def _insert_run(con: Any, token: int, records: list[Any], *, moved: bool) -> boo
     headers = [r for r in records if r[0] == "H"]
     pid, host = (int(headers[-1][2]), headers[-1][3]) if headers else (None, None)
     moves = [r for r in records if r[0] == "S"]
-    state, reason, at = moves[-1][1:4] if moves else ("running", None, None)
-    ended = float(at) if state in RUN_TERMINAL_VALUES else None
+    state, reason, ended = "running", None, None
+    if moves:
+        _, state, reason, at = moves[-1][:4]
+        ended = float(at) if state in RUN_TERMINAL_VALUES else None
     # (NOT EXISTS, not ON CONFLICT: its planning costs 1.7 ms more; the fold holds the
     # file's write lock, so nobody inserts the run meanwhile)
     max_seq = "(SELECT coalesce(max(seq), 0) FROM lf_e)" if moved else "0"
