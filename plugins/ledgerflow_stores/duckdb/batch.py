@@ -9,7 +9,10 @@ kind a staging query derived from the record's declaration
 ``INSERT ... SELECT`` appends each kind to its table, and one ``UPDATE``
 brings ``tasks`` to the current state: the SQL twin of
 :func:`ledgerflow.projection.apply`, which the store contract suite keeps
-equal.
+equal. A task created in the batch is inserted in the state the batch leaves it,
+and its row keeps the moves of its creation (and, in a batch without failed
+attempts, of its first success) that ``events`` reads (:data:`.schema.EVENTS_VIEW`)
+instead of an ``event_rows`` row each.
 """
 
 from __future__ import annotations
@@ -128,9 +131,8 @@ def stage_sources(con: Any, kinds: set[str], run_id: str) -> None:
 #: first outcome record in the batch.
 _KEPT_IN_ROW = {
     "T": "new",
-    "O": "i IN (SELECT min(i) FROM lf_src_o WHERE task_key IN (SELECT task_key FROM lf_src_t "
-         "WHERE new) "
-         "GROUP BY task_key)",
+    "O": "i IN (SELECT min(i) FROM lf_src_o WHERE task_key IN "
+         "(SELECT task_key FROM lf_src_t WHERE new) GROUP BY task_key)",
 }
 
 
@@ -174,6 +176,8 @@ def _append_sql(kind: type[Record], source: str) -> str:
 
 #: Kinds staged into temporary tables (the task update reads them too).
 _STAGED: dict[str, type[Record]] = {"E": Transition, "A": AttemptEnded, "R": ResultRecorded}
+
+
 def _result_sets(alias: str) -> dict[str, str]:
     """The ``tasks`` result columns, from the summary ``alias`` of a task's results."""
     return {col: f"CASE WHEN {alias}.task_key IS NULL THEN tasks.{col} ELSE {alias}.{src} END"

@@ -48,7 +48,7 @@ HEADERS = 3 * 4096
 #: fold's batch is written once, not to the log and then again at the detach
 #: (a 10,000-task fold: 8 MB of log not written, ~15 ms less). A commit that adds a key
 #: to a primary-keyed table (a run's first fold adds its ``runs`` and ``journal_folds``
-#: rows) counts as past it too, so a small fold checkpoints at its commit (~6 ms for 10
+#: rows) counts as past it too, so a small fold checkpoints at its commit (~11 ms for 10
 #: tasks), which the detach would otherwise do.
 CHECKPOINT_THRESHOLD = "256KB"
 
