@@ -56,6 +56,13 @@ class CacheIndex(Mapping[str, CacheHit]):
     def __contains__(self, fp: object) -> bool:
         return fp in self.fingerprints and fp in self._entries()
 
+    def get(self, fp: str, default: Any = None) -> Any:
+        """The entry of ``fp``, or ``default``: a miss costs one set lookup (the runner
+        asks once a task; ``Mapping.get`` would raise and catch a KeyError, ~1 µs)."""
+        if fp not in self.fingerprints:
+            return default
+        return self._entries().get(fp, default)
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._entries())
 

@@ -68,3 +68,17 @@ def test_a_small_index_is_read_at_once(tmp_path) -> None:
     st = _store(path, at_start=5000)
     squares.run(start=0, store=st, executor="inline")
     assert type(st.looked_up[-1]) is dict and len(st.looked_up[-1]) == 10
+
+
+def test_get_answers_a_miss_from_the_fingerprints_alone() -> None:
+    loads: list[int] = []
+
+    def load() -> dict[str, Any]:
+        loads.append(1)
+        return {"fp-a": ("r", "a", "h", "json", "1", None, 1)}
+
+    index = CacheIndex({"fp-a", "fp-gone"}, load)
+    assert index.get("fp-x") is None and index.get("fp-x", 0) == 0 and not loads
+    assert index.get("fp-a") == ("r", "a", "h", "json", "1", None, 1) and loads == [1]
+    assert index.get("fp-gone") is None     # its run was removed since the set was read
+    assert loads == [1]
