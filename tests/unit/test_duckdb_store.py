@@ -389,3 +389,27 @@ def test_repair_copies_the_events_of_a_schema_4_file_into_event_rows(tmp_path) -
     _, notes = DuckDBStore(str(path)).repair()
     assert any("without a journal copied" in n for n in notes), notes
     assert _moves(ledgerflow.get_run(run.run_id, store=str(path))) == before
+
+
+def test_a_runs_first_batch_that_finds_its_row_updates_it(tmp_path) -> None:
+    """The batch that defines a run writes the run's row; if the row is there already
+    (written by an earlier fold of that batch), the batch updates it and the tasks it
+    names, like any later batch."""
+    import duckdb
+
+    path = tmp_path / "l.duckdb"
+    wide.run(n=1, store=str(path), executor="inline")       # the ledger's tables
+    run = wide.run(n=3, store=_unfolded(path), executor="inline")
+    con = duckdb.connect(str(path))
+    con.execute("INSERT INTO runs (run_id, state, max_seq) VALUES (?, 'running', 0)",
+                [run.run_id])
+    con.close()
+    DuckDBStore(str(path)).fold()
+    con = duckdb.connect(str(path), read_only=True)
+    (state, max_seq), = con.execute("SELECT state, max_seq FROM runs WHERE run_id = ?",
+                                    [run.run_id]).fetchall()
+    tasks = dict(con.execute("SELECT task_key, state FROM tasks WHERE run_id = ?",
+                             [run.run_id]).fetchall())
+    con.close()
+    assert (state, max_seq) == ("succeeded", len(_moves(run)))
+    assert set(tasks.values()) == {"succeeded"} and len(tasks) == 4

@@ -387,20 +387,23 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> str
         con.execute(f"CREATE OR REPLACE TEMP TABLE lf_{k.lower()} AS {rows}")
         con.execute(_append_sql(kind, f"lf_{k.lower()}"), params)
     summaries = ["E", "O"] if outcomes_only else staged
+    # the batch that defines the run (D) writes its row as the batch leaves it; one that
+    # finds the row there (its D folded before) updates it, as any later batch does
+    created = any(r[0] == "D" for r in small) and _insert_run(con, token, small,
+                                                              moved="E" in staged)
     if "T" in kinds:
         con.execute(_task_insert(summaries), [run_id, token])
     # a batch that names only tasks it creates (a small run's one fold) has nothing to
     # update: the update costs ~15 ms of planning however few its rows. So has the batch
-    # that defines the run (D): no task of the run was folded before it
-    defines_run = any(r[0] == "D" for r in small)
-    if summaries and ("T" not in kinds or (not defines_run and con.execute(
+    # that created the run's row: no task of the run was folded before it
+    if summaries and ("T" not in kinds or (not created and con.execute(
             f"SELECT EXISTS ({_touched(summaries, skip_new=True)})").fetchone()[0])):
         con.execute(_task_update(summaries, skip_new="T" in kinds), [run_id])
     for tag, kind in KINDS.items():     # the other kinds that append rows
         if kind.TABLE and tag in kinds and tag not in _STAGED:
             con.execute(_append_sql(kind, f"({stage_sql(kind)})"),
                         [run_id, token] if kind.TOKENED else [run_id])
-    if not (defines_run and _insert_run(con, token, small, moved="E" in staged)):
+    if not created:
         _update_run(con, run_id, small, moved="E" in staged)
     states = [r[1] for r in small if r[0] == "S"]
     return states[-1] if states else None

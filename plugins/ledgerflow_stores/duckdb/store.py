@@ -227,10 +227,12 @@ class DuckDBStore(RecordReads):
                     continue
                 if archive_finished:
                     # the state this call's batches moved the run to, else the folded one
-                    state = [(self.folds.states.pop(run_id),)] if run_id in \
-                        self.folds.states else con.execute(
-                            "SELECT state FROM runs WHERE run_id = ?", [run_id]).fetchall()
-                    if state and state[0][0] in RUN_TERMINAL_VALUES:
+                    state = self.folds.states.pop(run_id, None)
+                    if state is None:
+                        row = con.execute("SELECT state FROM runs WHERE run_id = ?",
+                                          [run_id]).fetchone()
+                        state = row[0] if row else None
+                    if state in RUN_TERMINAL_VALUES:
                         # fully folded and finished: compressed, kept for repair
                         self.journals.archive(run_id)
                 return False
