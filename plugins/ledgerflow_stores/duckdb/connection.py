@@ -31,6 +31,7 @@ from ledgerflow.errors import DamagedLedgerError, NotALedgerError, StoreError, S
 
 from . import schema
 from .waiting import Waiting
+from .writers import Writers
 
 T = TypeVar("T")
 
@@ -193,12 +194,19 @@ def wait_for_lock(attempt: Callable[[], T], *, timeout: float,
 class Ledger:
     """The DuckDB file of a store: short-lived connections with the schema checked."""
 
-    def __init__(self, location: str, lock_timeout: float) -> None:
+    def __init__(self, location: str, lock_timeout: float,
+                 heal: Callable[[list[int]], None] | None = None, marked: bool = True) -> None:
         self.location = location
         self.lock_timeout = lock_timeout
         self.lock = process_lock(location)
         #: readers of other processes waiting for the file (folds yield to them)
         self.waiting = Waiting(Path(location + ".d") / "readers")
+        #: this process's write connections, and the killed writers' markers (none for
+        #: a file nothing reads until it is complete, e.g. a repair's new file)
+        self.writers = Writers(Path(location + ".d") / "writers") if marked else None
+        #: rebuilds a file a killed writer's torn checkpoint damaged (given the pids)
+        self.heal = heal
+        self._healing = False
         self.version: int | None = None     # known once checked
         #: threads in a :meth:`reading` block, and the read connection each keeps
         self._kept: dict[int, Any] = {}
@@ -259,7 +267,8 @@ class Ledger:
     @contextlib.contextmanager
     def connect(self, write: bool, timeout: float | None = None) -> Iterator[Any]:
         """A connection for one read or one fold; None when reading a missing file."""
-        with self.lock:
+        marking = self.writers.writing() if write and self.writers else contextlib.nullcontext()
+        with self.lock, marking:
             me = threading.get_ident()
             kept = me in self._kept
             if kept and write and self._kept[me] is not None:
@@ -270,7 +279,7 @@ class Ledger:
                 return
             con = self._kept.get(me) if kept and not write else None
             if con is None:
-                con = self._open_waiting(write, self.lock_timeout if timeout is None
+                con = self._open_healing(write, self.lock_timeout if timeout is None
                                          else timeout)
                 if kept and not write:
                     self._kept[me] = con
@@ -284,6 +293,26 @@ class Ledger:
             finally:
                 if self._kept.get(me) is not con:
                     con.close()
+
+    def _open_healing(self, write: bool, timeout: float) -> Any:
+        """:meth:`_open_waiting`; a file a killed writer's checkpoint tore (see
+        :mod:`.writers`) is rebuilt from the journals by :attr:`heal` and opened again.
+        Other damage is refused, as bad input."""
+        try:
+            return self._open_waiting(write, timeout)
+        except DamagedLedgerError:
+            if self.heal is None or self.writers is None or self._healing:
+                raise
+            killed = self.writers.killed()
+            if not killed:
+                raise
+        self._healing = True
+        try:
+            self.heal(killed)
+        finally:
+            self._healing = False
+        self.writers.forget(killed)
+        return self._open_waiting(write, timeout)
 
     def _open_waiting(self, write: bool, timeout: float) -> Any:
         """:meth:`_open`, waiting for a lock another process holds; a reader that

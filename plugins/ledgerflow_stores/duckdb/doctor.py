@@ -308,7 +308,7 @@ def rebuild(store: DuckDBStore) -> tuple[str, list[str]]:
     notes: list[str] = []
     stamp = time.strftime("%Y%m%d-%H%M%S")
     new_path = f"{store.location}.repair-{stamp}.tmp"
-    fresh = Ledger(new_path, store.ledger.lock_timeout)
+    fresh = Ledger(new_path, store.ledger.lock_timeout, marked=False)
     with store.ledger.lock, fresh.connect(True) as con:
         runs = sorted(store.journals.all_runs())
         for rid in runs:

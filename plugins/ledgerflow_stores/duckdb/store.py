@@ -79,7 +79,7 @@ class DuckDBStore(RecordReads):
         self.side = Path(self.location + ".d")
         self.policy = policy or FoldPolicy.from_env()
         self.ledger = Ledger(self.location, lock_timeout if lock_timeout is not None else float(
-            os.environ.get("LEDGERFLOW_LOCK_TIMEOUT", "30")))
+            os.environ.get("LEDGERFLOW_LOCK_TIMEOUT", "30")), heal=self._heal)
         self.journals = Journals(self.side / "journals",
                                  (sync or os.environ.get("LEDGERFLOW_SYNC", "normal")).lower())
         self.leases = Leases(self.side / "runs")
@@ -270,6 +270,16 @@ class DuckDBStore(RecordReads):
         """Rebuild the tables from the journals; return where the old file is kept and
         what was cut."""
         return doctor.rebuild(self)
+
+    def _heal(self, killed: list[int]) -> None:
+        """Rebuild a file that a writer killed in its checkpoint left torn (see
+        :mod:`.writers`): what it held is in the journals."""
+        kept, notes = doctor.rebuild(self)
+        log.warning("ledger %s was damaged by a process killed while it wrote the file "
+                    "(pid %s); rebuilt from the journals (the damaged file is kept at %s)",
+                    self.location, ", ".join(map(str, killed)), kept)
+        for note in notes:
+            log.warning("%s", note)
 
     # -- reading -------------------------------------------------------------------------
     def _tail(self, con: Any, run_id: str, *, damage_too: bool = True
