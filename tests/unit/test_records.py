@@ -36,6 +36,7 @@ from ledgerflow.records import (
     Transition,
 )
 from ledgerflow.views import RunView
+from ledgerflow_stores.duckdb.store import DuckDBStore
 
 
 @task
@@ -119,7 +120,7 @@ def test_a_run_writes_outcome_records_and_reads_as_before(tmp_path: Path) -> Non
     """A chain's task is three records: created (+ pending), ready (+ running), succeeded
     (the first is ready when created)."""
     run = _chain.run(store=str(tmp_path / "l.duckdb"), executor="inline")
-    (journal,) = (tmp_path / "l.duckdb.d" / "journals").glob("*.jsonl.gz")  # folded, archived
+    (_, journal), = DuckDBStore(str(tmp_path / "l.duckdb")).journals.archived(run.run_id)
     kinds = [r[0] for line in gzip.decompress(journal.read_bytes()).splitlines()
              for r in json.loads(line.rsplit(b"\t", 1)[0])]
     assert kinds.count("T") == 3 and kinds.count("O") == 3 and kinds.count("E") == 3

@@ -225,6 +225,7 @@ class DuckDBStore(RecordReads):
                         if budget <= 0:
                             return True
                     continue
+                state = None
                 if archive_finished:
                     # the state this call's batches moved the run to, else the folded one
                     state = self.folds.states.pop(run_id, None)
@@ -232,10 +233,11 @@ class DuckDBStore(RecordReads):
                         row = con.execute("SELECT state FROM runs WHERE run_id = ?",
                                           [run_id]).fetchone()
                         state = row[0] if row else None
-                    if state in RUN_TERMINAL_VALUES:
-                        # fully folded and finished: compressed, kept for repair
-                        self.journals.archive(run_id)
-                return False
+            if state in RUN_TERMINAL_VALUES:
+                # fully folded and finished: compressed (after the file is left free),
+                # kept for repair
+                self.journals.archive_soon(run_id)
+            return False
 
     def fold(self) -> list[str]:
         """Fold every journal whose driver is gone into the file now; return their runs."""
