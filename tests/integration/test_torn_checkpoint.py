@@ -140,3 +140,21 @@ def test_a_write_leaves_no_marker_and_clears_a_killed_writers_when_the_file_is_w
                env=env)
     assert res.returncode == 0, res.stderr
     assert list(writers.iterdir()) == [] and "rebuilt" not in res.stderr
+
+
+def test_two_commands_that_find_it_torn_at_once_rebuild_it_once(torn) -> None:
+    ledger, runs, env, whole = torn
+    saved = Path(ledger).read_bytes()
+    Path(ledger).write_bytes(whole)
+    _killed_writer(ledger, env)
+    Path(ledger).write_bytes(saved)
+    procs = [subprocess.Popen([sys.executable, "-m", "ledgerflow", "status", rid, "--store",
+                               ledger, "--json"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for rid in runs]
+    outs = [p.communicate(timeout=180) for p in procs]
+    for proc, (out, err) in zip(procs, outs, strict=True):
+        assert proc.returncode == 0, err
+        assert json.loads(out)["state"] == "succeeded"
+    assert sum("rebuilt from the journals" in err for _, err in outs) == 1
+    kept = [p for p in Path(ledger).parent.iterdir() if ".broken-" in p.name]
+    assert len(kept) == 1 and kept[0].read_bytes() == saved

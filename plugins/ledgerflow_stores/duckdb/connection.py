@@ -303,15 +303,21 @@ class Ledger:
         except DamagedLedgerError:
             if self.heal is None or self.writers is None or self._healing:
                 raise
-            killed = self.writers.killed()
-            if not killed:
+            if not self.writers.killed():
                 raise
-        self._healing = True
-        try:
-            self.heal(killed)
-        finally:
-            self._healing = False
-        self.writers.forget(killed)
+        with self.writers.healing():
+            try:
+                return self._open_waiting(write, timeout)    # another process healed it
+            except DamagedLedgerError:
+                killed = self.writers.killed()
+                if not killed:
+                    raise
+            self._healing = True
+            try:
+                self.heal(killed)
+            finally:
+                self._healing = False
+            self.writers.forget(killed)
         return self._open_waiting(write, timeout)
 
     def _open_waiting(self, write: bool, timeout: float) -> Any:

@@ -66,6 +66,18 @@ class Writers:
                 # writer left before did not tear it
                 self.forget(self.killed())
 
+    @contextlib.contextmanager
+    def healing(self) -> Iterator[None]:
+        """Hold the file's heal lock for the block: one process rebuilds a torn file,
+        the others wait and then find it whole."""
+        private.make_dirs(self.folder)
+        fd = private.open_file(self.folder / "heal.lock", os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
     def forget(self, pids: list[int]) -> None:
         """Remove the markers of killed writers ``pids`` (the file was found whole, or
         rebuilt)."""
