@@ -53,7 +53,7 @@ class Finding:
 
 
 def _segments(store: DuckDBStore, run_id: str) -> list[tuple[int, Path]]:
-    return sorted(store.journals.segments(run_id) + store.journals.archived(run_id))
+    return store.journals.every_segment(run_id)
 
 
 def _token_of(path: Path) -> int:
@@ -312,12 +312,12 @@ def rebuild(store: DuckDBStore) -> tuple[str, list[str]]:
     with store.ledger.lock, fresh.connect(True) as con:
         runs = sorted(store.journals.all_runs())
         for rid in runs:
-            store.folds.run(con, rid, segs=_all_segments(store, rid))
+            store.folds.run(con, rid, segs=_segments(store, rid))
         cut = [rid for rid in runs if _damage(con, rid)]
         kept_rows, copied = _copy_from_old(store, con, cut)
         notes.extend(copied)
         for rid in kept_rows:       # what the journals hold past what the old tables folded
-            store.folds.run(con, rid, segs=_all_segments(store, rid))
+            store.folds.run(con, rid, segs=_segments(store, rid))
         for rid in cut:
             for token, offset, reason in _damage(con, rid):
                 notes.append(f"run {rid}: journal token {token} cut at byte {offset} "
@@ -337,9 +337,6 @@ def rebuild(store: DuckDBStore) -> tuple[str, list[str]]:
     store.ledger.version = None
     return kept, notes
 
-
-def _all_segments(store: DuckDBStore, run_id: str) -> list[tuple[int, Path]]:
-    return sorted(store.journals.segments(run_id) + store.journals.archived(run_id))
 
 
 def _damage(con: Any, run_id: str) -> list[tuple[int, int, str]]:

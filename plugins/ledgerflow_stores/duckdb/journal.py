@@ -131,6 +131,14 @@ class Journals:
                     out.append((int(token), f))
         return sorted(out)
 
+    def every_segment(self, run_id: str) -> list[tuple[int, Path]]:
+        """``(token, path)`` of every segment of ``run_id``, live or archived; a token
+        found as both (another process archiving it right now) is read from its
+        archive, which is complete once it is there (the live file goes next)."""
+        found = dict(self.segments(run_id))
+        found.update(self.archived(run_id))
+        return sorted(found.items())
+
     def newest_token(self, run_id: str) -> int:
         """The highest token of ``run_id``'s segments, archived ones included (0: none)."""
         tokens = [t for t, _ in self.segments(run_id) + self.archived(run_id)]

@@ -1,0 +1,47 @@
+"""Archiving a finished run's journal off the release's path: what this process and
+others see while it happens."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+from ledgerflow_stores.duckdb.journal import Journals
+
+
+def _segment(folder: Path, name: str, lines: int) -> Path:
+    path = folder / name
+    path.write_bytes(b"".join(b'[["X",%d]]\n' % i for i in range(lines)))
+    return path
+
+
+def test_a_token_found_live_and_archived_is_read_from_its_archive(tmp_path: Path) -> None:
+    """Another process archiving it right now: the archive is complete once there, the
+    live file may go at any moment."""
+    journals = Journals(tmp_path)
+    _segment(tmp_path, "r.1.jsonl", 3)
+    (tmp_path / "r.1.jsonl.gz").write_bytes(gzip.compress((tmp_path / "r.1.jsonl").read_bytes()))
+    _segment(tmp_path, "r.2.jsonl", 2)
+    assert journals.every_segment("r") == [(1, tmp_path / "r.1.jsonl.gz"),
+                                           (2, tmp_path / "r.2.jsonl")]
+
+
+def test_archiving_soon_is_seen_done_by_every_listing_of_this_process(tmp_path: Path) -> None:
+    live = _segment(tmp_path, "r.1.jsonl", 200_000)
+    data = live.read_bytes()
+    Journals(tmp_path).archive_soon("r")
+    other = Journals(tmp_path)              # another store of the same ledger
+    assert other.segments("r") == []
+    ((token, gz),) = other.archived("r")
+    assert token == 1 and gzip.decompress(gz.read_bytes()) == data
+
+
+def test_a_run_being_archived_counts_as_folded_not_live(tmp_path: Path) -> None:
+    _segment(tmp_path, "r.1.jsonl", 200_000)
+    _segment(tmp_path, "s.1.jsonl", 1)
+    journals = Journals(tmp_path)
+    journals.archive_soon("r")
+    assert journals.runs() == {"s"}          # (at once: while r's archiving still runs)
+    journals.settle()
+    assert journals.runs() == {"s"} and journals.all_runs() == {"r", "s"}
+    assert not (tmp_path / "r.1.jsonl").exists()
