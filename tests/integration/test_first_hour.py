@@ -195,6 +195,13 @@ def test_a_lost_attempt_with_no_retries_left_leaves_no_error_once_it_succeeds(
     rid = proc.stdout.readline().split()[1]
     wait_until(lambda: (tmp_path / "hung-1").exists(), timeout=120,
                what="the first attempt of effect[1]")
+
+    def committed_running() -> bool:
+        # the start of an in-driver attempt may lag its commit by the stated bound: a
+        # kill inside it leaves an attempt the ledger never saw (re-run, not lost)
+        res = _cli(env, "status", rid, "--store", ledger, "--task", "effect[1]", "--json")
+        return res.returncode in (0, 1) and json.loads(res.stdout)["state"] == "running"
+    wait_until(committed_running, timeout=120, what="effect[1] committed as running")
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=30)
     res = _cli(env, "resume", rid, "--store", ledger, "--executor", "inline")
