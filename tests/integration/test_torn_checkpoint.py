@@ -103,6 +103,7 @@ def test_a_checkpoint_torn_by_a_kill_is_rebuilt_from_the_journals(torn) -> None:
     assert f"(pid {pid}); rebuilt from the journals" in res.stderr
     kept = [p for p in Path(ledger).parent.iterdir() if ".broken-" in p.name]
     assert len(kept) == 1 and kept[0].read_bytes() == saved    # the damaged file, kept
+    assert not [p for p in Path(ledger).parent.iterdir() if ".repair-" in p.name]
     listed = _cli("runs", "--store", ledger, "--json", env=env)
     assert listed.returncode == 0, listed.stderr
     assert {r["run_id"] for r in json.loads(listed.stdout)} == set(runs)

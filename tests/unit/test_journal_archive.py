@@ -4,7 +4,10 @@ others see while it happens."""
 from __future__ import annotations
 
 import gzip
+import threading
 from pathlib import Path
+
+import pytest
 
 from ledgerflow_stores.duckdb.journal import Journals
 
@@ -36,12 +39,41 @@ def test_archiving_soon_is_seen_done_by_every_listing_of_this_process(tmp_path: 
     assert token == 1 and gzip.decompress(gz.read_bytes()) == data
 
 
-def test_a_run_being_archived_counts_as_folded_not_live(tmp_path: Path) -> None:
-    _segment(tmp_path, "r.1.jsonl", 200_000)
+def test_a_run_being_archived_counts_as_folded_not_live(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    _segment(tmp_path, "r.1.jsonl", 3)
     _segment(tmp_path, "s.1.jsonl", 1)
+    go = threading.Event()
+    real = Journals.archive
+
+    def held(self: Journals, run_id: str) -> None:     # the archiving, held in progress
+        go.wait()
+        real(self, run_id)
+    monkeypatch.setattr(Journals, "archive", held)
     journals = Journals(tmp_path)
     journals.archive_soon("r")
-    assert journals.runs() == {"s"}          # (at once: while r's archiving still runs)
+    assert (tmp_path / "r.1.jsonl").exists()
+    assert journals.runs() == {"s"}
+    go.set()
     journals.settle()
     assert journals.runs() == {"s"} and journals.all_runs() == {"r", "s"}
     assert not (tmp_path / "r.1.jsonl").exists()
+
+
+def test_an_archiving_that_fails_leaves_the_journal_live_for_the_next_fold(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    live = _segment(tmp_path, "r.1.jsonl", 3)
+    real = Journals.archive
+
+    def full(self: Journals, run_id: str) -> None:
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(Journals, "archive", full)
+    journals = Journals(tmp_path)
+    journals.archive_soon("r")
+    journals.settle()
+    assert "could not archive the journal of run r" in caplog.text
+    assert journals.runs() == {"r"} and journals.segments("r") == [(1, live)]
+    monkeypatch.setattr(Journals, "archive", real)
+    journals.archive("r")                  # what the next fold does with it
+    assert journals.runs() == set() and [t for t, _ in journals.archived("r")] == [1]

@@ -141,8 +141,7 @@ class Journals:
 
     def newest_token(self, run_id: str) -> int:
         """The highest token of ``run_id``'s segments, archived ones included (0: none)."""
-        tokens = [t for t, _ in self.segments(run_id) + self.archived(run_id)]
-        return max(tokens, default=0)
+        return max((t for t, _ in self.every_segment(run_id)), default=0)
 
     def runs(self) -> set[str]:
         """Run ids that have a live journal segment (not those this process is archiving:
@@ -150,7 +149,8 @@ class Journals:
         if not self.folder.is_dir():
             return set()
         live = {f.name.rsplit(".", 2)[0] for f in self.folder.glob("*.jsonl")}
-        return live - {rid for folder, rid in list(_ARCHIVING) if folder == self.folder}
+        return live - {rid for (folder, rid), thread in list(_ARCHIVING.items())
+                       if folder == self.folder and thread.is_alive()}
 
     def all_runs(self) -> set[str]:
         """Run ids with any segment, archived ones included."""
@@ -248,8 +248,8 @@ class Journals:
     def archive(self, run_id: str) -> None:
         """Compress the live segments of a finished, folded run (atomically each).
 
-        Level 1: about 5.5 times smaller (level 6: 6.3), in a third of the time (this
-        is on the path of every run's release)."""
+        Level 1: about 5.5 times smaller (level 6: 6.3), in a third of the time (every
+        finished run pays it, on :meth:`archive_soon`'s thread)."""
         for _, seg in self._glob(f"{run_id}.*.jsonl", run_id):
             gz = seg.with_name(seg.name + ".gz")
             tmp = seg.with_name(seg.name + f".gz.{os.getpid()}.tmp")
