@@ -249,10 +249,19 @@ def execute(job: Job, cancel: Callable[[], bool] | None = None, *,
     it uses: its :class:`~ledgerflow.context.RunContext` is built on the first
     ``context()`` call, and the capture keeps no buffers until something is written.
     """
-    out, token = capture.start(job.task_key, echo=job.echo)
-    lazy = _Context(job, cancel)
+    return call(job.id, job.task_key, job.fn, job.args, job.kwargs, _Context(job, cancel),
+                echo=job.echo, carrier=job.carrier, keep_value=keep_value)
+
+
+def call(job_id: int, key: str, fn: Callable[..., Any], args: tuple[Any, ...],
+         kwargs: dict[str, Any], lazy: Deferred, echo: bool = False,
+         carrier: Carrier | None = None, *, keep_value: bool = True) -> Completion:
+    """One attempt of task ``key`` (``fn``, a Task or a plain function), here and now,
+    with ``lazy`` as its context: what :func:`execute` does for a Job, for a caller
+    that keeps no Job (the runner's own in-driver attempts)."""
+    out, token = capture.start(key, echo=echo)
     try:
-        c = _attempt(job, lazy, keep_value)
+        c = _attempt(job_id, fn, args, kwargs, lazy, carrier, keep_value)
     finally:
         capture.stop(out, token)
     ctx = lazy.ctx
@@ -268,51 +277,52 @@ def execute(job: Job, cancel: Callable[[], bool] | None = None, *,
     return c
 
 
-def _attempt(job: Job, ctx: _Context, keep_value: bool) -> Completion:
+def _attempt(job_id: int, fn: Callable[..., Any], args: tuple[Any, ...],
+             kwargs: dict[str, Any], ctx: Deferred, carrier: Carrier | None,
+             keep_value: bool) -> Completion:
     """One attempt with ``ctx`` as its (deferred) context; lineage etc. added by the caller."""
     started = time.time()
-    fn = job.fn
     inner = getattr(fn, "_plain", None)     # a Task: call its function directly
     try:
-        if job.carrier is not None:
-            with _carried(job.carrier):
-                value = run_in_context(ctx, inner or fn, job.args, job.kwargs)
+        if carrier is not None:
+            with _carried(carrier):
+                value = run_in_context(ctx, inner or fn, args, kwargs)
         else:
-            value = run_in_context(ctx, inner or fn, job.args, job.kwargs)
+            value = run_in_context(ctx, inner or fn, args, kwargs)
     except TaskCancelled:
-        return Completion(job.id, _CANCELLED, started_at=started, ended_at=time.time(),
+        return Completion(job_id, _CANCELLED, started_at=started, ended_at=time.time(),
                           has_value=False)
     except ApprovalNeeded as need:   # stopped at an in-task gate: runs again once decided
-        return Completion(job.id, _WAITING, error_type="ApprovalNeeded",
+        return Completion(job_id, _WAITING, error_type="ApprovalNeeded",
                           error_message=f"waiting for approval of {need.action!r}",
                           started_at=started, ended_at=time.time(),
                           has_value=False, approval=need.request())
     except TaskTimedOut as exc:     # no error object: a timeout is retried by policy
-        return Completion(job.id, _TIMEOUT, error_type="TaskTimedOut",
+        return Completion(job_id, _TIMEOUT, error_type="TaskTimedOut",
                           error_message=_message(exc) or "the task timed out",
                           started_at=started, ended_at=time.time(), has_value=False)
     except Exception as exc:    # its text, known secret values out, is the attempt's error
-        return Completion(job.id, _ERROR, error=exc, error_type=type(exc).__name__,
+        return Completion(job_id, _ERROR, error=exc, error_type=type(exc).__name__,
                           error_message=_message(exc),
                           traceback=redact(user_traceback(exc)),
                           started_at=started, ended_at=time.time(), has_value=False)
     except BaseException as exc:    # SystemExit, KeyboardInterrupt, GeneratorExit, ...
         # user code ends its attempt, never the worker or the driver: an ``error``
         # that is not retryable (``retry_on`` names Exception subclasses by default)
-        return Completion(job.id, _ERROR, error=exc, error_type=type(exc).__name__,
+        return Completion(job_id, _ERROR, error=exc, error_type=type(exc).__name__,
                           error_message=redact(_base_message(exc)),
                           traceback=redact(user_traceback(exc)),
                           started_at=started, ended_at=time.time(), has_value=False)
     try:
         enc = encode(value)
     except Exception as exc:
-        return Completion(job.id, _ERROR, error=exc, error_type=type(exc).__name__,
+        return Completion(job_id, _ERROR, error=exc, error_type=type(exc).__name__,
                           error_message=redact(f"result could not be serialised: {exc}"),
                           traceback=redact(user_traceback(exc)),
                           started_at=started, ended_at=time.time(), has_value=False)
     if keep_value:
-        return Completion(job.id, _OK, value, enc, started_at=started, ended_at=time.time())
-    return Completion(job.id, _OK, None, enc, started_at=started, ended_at=time.time(),
+        return Completion(job_id, _OK, value, enc, started_at=started, ended_at=time.time())
+    return Completion(job_id, _OK, None, enc, started_at=started, ended_at=time.time(),
                       has_value=False)
 
 

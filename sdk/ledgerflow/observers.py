@@ -19,7 +19,7 @@ from .records import expand
 if TYPE_CHECKING:
     import pluggy
 
-    from .executor import Carrier, Job
+    from .executor import Carrier
     from .records import AttemptEnded, Record
     from .store import RunStore
 
@@ -136,11 +136,10 @@ class Observers:
                   started_at=a.started_at, ended_at=a.ended_at, error_type=a.error_type,
                   error_message=a.error_message)
 
-    def carrier(self, job: Job) -> Carrier | None:
+    def carrier(self, run_id: str, task_key: str, attempt: int) -> Carrier | None:
         """What an observer attaches to an attempt about to start (or None)."""
         if self.carrier_hook is None:
             return None
         result: Carrier | None = _safe("ledgerflow_job_carrier hook", self.carrier_hook,
-                                       run_id=job.run_id, task_key=job.task_key,
-                                       attempt=job.attempt)
+                                       run_id=run_id, task_key=task_key, attempt=attempt)
         return result

@@ -28,12 +28,14 @@ from .caching import Cache
 from .commits import Journal, LagWriter
 from .config import Settings
 from .errors import InvalidTransitionError
-from .executor import Completion, Executor, Job, execute, not_started, queue_ahead, runs_in_driver
+from .executor import Completion, Executor, Job, queue_ahead, runs_in_driver
 from .executor import inline_when_alone as _inline_when_alone
 from .executor import timeout_from_start as _from_start
 from .frontier import unread_of
 from .gates import Gates, Pass, Refuse, Verdict, Wait
 from .graph import Graph
+from .handoff import Handoff
+from .here import Here, attempt_here
 from .inflight import Jobs, Timers
 from .observers import Observers
 from .plan import Instance, Plan, resolver
@@ -56,7 +58,7 @@ _NOT_STARTED = frozenset(s.value for s in NOT_STARTED)
 COMMIT_RECORDS = 4096
 
 
-class Runner:
+class Runner(Handoff):
     """The driver loop of one run (see the module docstring)."""
 
     def __init__(self, *, graph: Graph, store: RunStore, executor: Executor,
@@ -104,6 +106,8 @@ class Runner:
         folders: tuple[str | None, str | None] = worker_folders(store, run_id) or (None, None)
         self.ledger_folder, self.run_folder = folders
         self.steps = StepResults(self.run_folder)
+        #: what the attempts the runner calls itself, Job-less, share (ledgerflow.here)
+        self.here = Here(run_id, self._cancel_seen, self.gates, self.steps, folders, self.echo)
         # the commit lag: in-driver attempts of a first drive only
         j.lag = settings.commit_lag if self.in_driver and prior is None else 0.0
 
@@ -125,7 +129,7 @@ class Runner:
         if self.starting:
             jobs, self.starting = self.starting, []
             for job in jobs:
-                self._start_job(job, alone=len(jobs) == 1)
+                self._start_job(job)
 
     def _release(self, ready: list[Instance]) -> None:
         for r in ready:
@@ -218,6 +222,7 @@ class Runner:
                     self._dispatch(inst)
                 if len(self.j.buf) >= COMMIT_RECORDS:
                     self._flush()       # bound the group commit (and the journal line)
+                self._poll_cancel()     # attempts may run here: the loop goes on
             self._commit()
             self._drain()
             if self.ready and not self.cancelling and (len(self.running) < workers or self._ahead()):
@@ -259,16 +264,6 @@ class Runner:
         if not self.inbox:
             self.wake.wait(timeout)
 
-    def _on_complete(self, c: Completion) -> None:
-        self.inbox.append(c)
-        if threading.get_ident() != self._driver:   # inline reports need no wake-up
-            self.wake.set()
-
-    def _drain(self) -> None:
-        inbox = self.inbox
-        while inbox:
-            self._complete(inbox.popleft())
-
     def _dispatch(self, inst: Instance) -> None:
         """A cache hit, or an attempt moved to ``running`` and queued for the commit."""
         node = inst.node
@@ -294,44 +289,25 @@ class Runner:
             return      # it waits, or failed
         inst.attempt += 1
         inst.used += 1
-        job = Job.of_attempt(self.jobs.next_id(), self.run_id, inst.key, inst.attempt,
-                             node.task, args, kwargs, opts.timeout, node.task.name, self.echo,
-                             node.task.version, self.gates.decisions_for(inst.key),
-                             self.steps.for_attempt(inst.key, inst.attempt),
-                             self.ledger_folder, self.run_folder)
-        inst.job = job
-        self.jobs.add(job.id, inst)
-        if opts.durable_start:
-            self.j.durable_due = True
-        self._move(inst, _RUNNING, f"attempt {inst.attempt}{rejected}")
-        if opts.timeout is not None and self.own_timers:
-            self.timers.add(opts.timeout, "timeout", job.id)
-        self.starting.append(job)
+        if self.in_driver or (self.inline_when_alone and opts.timeout is None
+                              and not self.running and not self.ready):
+            # run here and now (ledgerflow.here), once its start is committed
+            self._move(inst, _RUNNING, f"attempt {inst.attempt}{rejected}")
+            if opts.durable_start or self.j.due():
+                self._flush()
+            self._here(inst, args, kwargs)
+            return
+        self._hand_off(inst, args, kwargs, f"attempt {inst.attempt}{rejected}")
 
-    def _start_job(self, job: Job, *, alone: bool) -> None:
-        """Hand a committed ``running`` attempt to the executor (or run it here)."""
-        inst = self.jobs.get(job.id)
-        if inst is None:
-            return      # timed out before it could start
-        if inst.state != _RUNNING:      # cancelled before it could start: nothing ran
-            self._on_complete(Completion(job.id, _CANCELLED_O, has_value=False))
-            return
-        if self.observers.carrier_hook is not None:
-            job.carrier = self.observers.carrier(job)
-        if self.in_driver or (alone and self.inline_when_alone and job.timeout is None
-                              and len(self.running) == 1 and not self.ready):
-            lw = self.lag_writer
-            c = execute(job, self._cancel_seen) if lw is None else lw.attempt(
-                execute, job, self._cancel_seen)
-            self.j.check_lease()
-            if c.outcome == _CANCELLED_O and not self.cancelling and self._cancel_seen():
-                self._start_cancel("cancel requested")   # running -> cancelling first
-            self.inbox.append(c)        # reported in the driver thread: no wake-up
-            return
-        try:
-            self.executor.submit(job)
-        except Exception as exc:  # executor refused (e.g. unpicklable function)
-            self._on_complete(not_started(job.id, exc))
+    def _here(self, inst: Instance, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
+        """An in-driver attempt, run now (:mod:`ledgerflow.here`); its report applied."""
+        carrier = None if self.observers.carrier_hook is None else self.observers.carrier(
+            self.run_id, inst.key, inst.attempt)
+        c = attempt_here(self.here, inst, args, kwargs, carrier, self.lag_writer)
+        self.j.check_lease()
+        if c.outcome == _CANCELLED_O and not self.cancelling and self._cancel_seen():
+            self._start_cancel("cancel requested")   # running -> cancelling first
+        self._settle(inst, c)
 
     # -- approval gates -------------------------------------------------------------------
     def _apply_gate(self, inst: Instance, verdict: Verdict) -> bool:
@@ -369,31 +345,8 @@ class Runner:
                     self._move(inst, _READY, "retry delay over")
                     self.ready.append(inst)
 
-    def _timeout(self, job_id: int) -> None:
-        inst = self.jobs.get(job_id)
-        if inst is None or inst.state != _RUNNING:
-            return
-        self.jobs.abandon(job_id, inst)
-        opts = inst.node.task.options
-        limit = opts.timeout
-        assert limit is not None
-        self._journal([outcomes.timed_out(inst.key, inst.attempt, limit, None, time.time(),
-                                          f"no result within {limit:g}s; attempt abandoned")])
-        try:
-            self.executor.cancel(job_id, reason="timeout")
-        except Exception:
-            log.exception("executor.cancel failed")
-        self._apply(inst, outcomes.retry_or_fail(
-            opts, inst.used, f"attempt {inst.attempt} timed out after {limit:g}s", None,
-            self.rand))
-
-    def _complete(self, c: Completion) -> None:
-        """Apply an attempt's report: journal what it did, then move its task."""
-        inst = self.jobs.finish(c.job_id, c.outcome)
-        if inst is None:
-            self._stray(c)
-            return
-        inst.job = None
+    def _settle(self, inst: Instance, c: Completion) -> None:
+        """Journal what an ended attempt of ``inst`` did, then move the task."""
         opts = inst.node.task.options
         if outcomes.ran_late(inst.state, opts, c):
             assert opts.timeout is not None
@@ -405,16 +358,6 @@ class Runner:
         self._journal(outcomes.reported(inst.key, inst.attempt, c))
         self.steps.reported(inst.key, c.steps)
         self._apply(inst, outcomes.settle(inst.state, opts, inst.used, c, self.rand), c)
-
-    def _stray(self, c: Completion) -> None:
-        """A report for no running attempt: late after a timeout, a duplicate, or unknown."""
-        found = self.jobs.stray(c)
-        if found is None:
-            log.warning("run %s: report for unknown job %d ignored", self.run_id, c.job_id)
-            return
-        self._note(*found)
-        if found[2] == "late_result_rejected":      # what it spent is real all the same
-            self.j.buf += outcomes.spent(found[0], found[1], c)
 
     def _apply(self, inst: Instance, move: outcomes.Move, c: Completion | None = None) -> None:
         """Apply a move of the completion policy (:mod:`ledgerflow.outcomes`)."""
@@ -477,6 +420,8 @@ class Runner:
                 self.cancelled_tasks += 1
             elif st == _RUNNING:
                 self._move(inst, _CANCELLING, reason)
+                if inst.job is None:
+                    continue        # an in-driver attempt (ledgerflow.here): it ended
                 try:
                     self.executor.cancel(inst.job.id, reason="cancel")
                 except Exception:
