@@ -223,11 +223,13 @@ class Journal:
             None if g is None else inst.key[len(node.key):], inst.pos,
             ups, node.task.version, now, self.seq))
 
-    def succeed(self, inst: Instance, c: Completion) -> None:
+    def succeed(self, inst: Instance, c: Completion, *, plain: bool = False) -> None:
         """Record the result an attempt reported (its blob stored first), then its success.
 
         Right after the plain ``ok`` of that attempt, the three are one record
-        (:class:`~ledgerflow.records.Succeeded`).
+        (:class:`~ledgerflow.records.Succeeded`); ``plain``: the attempt of a running
+        task ended ``ok`` with nothing else to record and no one hears of attempts (its
+        ``AttemptEnded`` is not buffered first, to be replaced).
         """
         enc = c.encoded
         assert enc is not None
@@ -242,13 +244,17 @@ class Journal:
             inst.enc = None
             inst.ref = (enc.kind, None, uri)
         buf = self.buf
-        a: Any = buf[-1] if buf else None
-        if type(a) is AttemptEnded and inst.state == _RUNNING and a.outcome == _OK \
-                and a.task_key == inst.key and a.attempt == inst.attempt \
-                and not (a.error_type or a.error_message or a.traceback):
+        a: Any = buf[-1] if buf and not plain else None
+        if plain or (type(a) is AttemptEnded and inst.state == _RUNNING and a.outcome == _OK
+                     and a.task_key == inst.key and a.attempt == inst.attempt
+                     and not (a.error_type or a.error_message or a.traceback)):
             self._step(inst, _SUCCEEDED, "", False)
-            buf[-1] = Succeeded(self.seq, inst.key, inst.attempt, a.started_at, a.ended_at,
-                                inst.fp, enc.hash, enc.kind, data, uri, enc.size, time.time())
+            done = Succeeded(self.seq, inst.key, inst.attempt, c.started_at, c.ended_at,
+                             inst.fp, enc.hash, enc.kind, data, uri, enc.size, time.time())
+            if plain:
+                buf.append(done)
+            else:
+                buf[-1] = done
         else:
             buf.append(ResultRecorded(inst.key, inst.attempt, inst.fp, enc.hash, enc.kind,
                                       data, uri, enc.size, None))
