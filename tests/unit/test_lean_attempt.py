@@ -6,10 +6,14 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
+from pathlib import Path
 from typing import Any
 
-from ledgerflow import context
+import ledgerflow
+from ledgerflow import context, pipeline, task
+from ledgerflow.context import TaskCancelled
 from ledgerflow.executor import Job, execute
+from tests.waiting import wait_until
 
 
 def _job(fn: Any, *args: Any, **kw: Any) -> Job:
@@ -95,3 +99,74 @@ def test_a_failing_task_that_asked_for_its_context_keeps_its_lineage() -> None:
     c = execute(_job(task))
     assert (c.outcome, c.error_type) == ("error", "SystemExit")
     assert c.lineage == [("input", "file:///x", None, {})]
+
+
+# -- the runner's own in-driver attempts (ledgerflow.here): no Job, the same attempt -------
+
+def test_an_in_driver_attempt_gets_its_context_steps_and_output_without_a_job(
+        tmp_path: Path) -> None:
+    """Under ``inline`` the runner calls each attempt itself: its context names the run,
+    task, attempt, code version and folders; a retry replays the steps the failed attempt
+    did (the step's work is counted in a file: done once) and each attempt's output is
+    its own."""
+    calls = tmp_path / "fetched"
+    seen: list[tuple[Any, ...]] = []
+
+    @task(retries=1)
+    def fetch_then_fail_once() -> int:
+        ctx = context()
+        seen.append((ctx.run_id, ctx.task_key, ctx.attempt, ctx.code_version,
+                     ctx.run_folder is not None))
+
+        def fetch() -> int:
+            with calls.open("a") as f:
+                f.write("x")
+            return 20
+
+        got = ctx.step("fetch", fetch)
+        print(f"attempt {ctx.attempt}")
+        if ctx.attempt == 1:
+            raise RuntimeError("once")
+        return got + 1
+
+    @pipeline
+    def once():
+        return fetch_then_fail_once()
+
+    run = once.run(store=str(tmp_path / "l.duckdb"), executor="inline")
+    assert (run.state, run.result()) == ("succeeded", 21)
+    assert calls.read_text() == "x"         # attempt 2 got the step back
+    version = fetch_then_fail_once.version
+    assert seen == [(run.run_id, "fetch_then_fail_once", 1, version, True),
+                    (run.run_id, "fetch_then_fail_once", 2, version, True)]
+    assert [(a["attempt"], a["outcome"]) for a in run.attempts()] == [(1, "error"), (2, "ok")]
+    assert [(lg["attempt"], lg["text"]) for lg in run.logs()] == [(1, "attempt 1\n"),
+                                                                (2, "attempt 2\n")]
+
+
+def test_an_in_driver_attempt_that_sees_a_cancel_stops_the_run(tmp_path: Path) -> None:
+    """A task that finds its run cancelled (``context().cancel_requested``) and raises
+    TaskCancelled ends ``cancelled``, and so does the run; nothing after it starts."""
+    store = str(tmp_path / "l.duckdb")
+    started: list[int] = []
+
+    @task
+    def step_of(i: int) -> int:
+        started.append(i)
+        if i == 2:
+            ledgerflow.cancel(context().run_id, store=store)    # as another process would
+            wait_until(lambda: context().cancel_requested, what="the cancel seen")
+            raise TaskCancelled("asked to stop")
+        return i
+
+    @pipeline
+    def steps():
+        return [step_of(i) for i in range(5)]
+
+    run = steps.run(store=store, executor="inline")
+    assert run.state == "cancelled"
+    assert started == [0, 1, 2]
+    states = {t["key"]: t["state"] for t in run.tasks()}
+    assert states == {"step_of": "succeeded", "step_of-2": "succeeded",
+                      "step_of-3": "cancelled", "step_of-4": "cancelled",
+                      "step_of-5": "cancelled"}
