@@ -27,6 +27,8 @@ from ledgerflow.states import TaskState
 from ledgerflow.store import CacheHit, Lease
 from ledgerflow.views import RunView
 
+from .memory_index import Hits, MergedIndex, Successes
+
 R = TypeVar("R", bound=Record)
 
 
@@ -44,7 +46,9 @@ class MemoryStore(RecordReads):
         self._held: set[str] = set()
         self._cancel: set[str] = set()
         self.blobs = MemoryBlobs(inline_limit=65536)
-        self._indexes: dict[str, dict[str, tuple[str, CacheHit]]] = {}
+        self._indexes: dict[str, Successes] = {}
+        self._merged = MergedIndex()        # the idle runs' successes, for cache lookups
+        self._merging = threading.Lock()
         self._decisions: dict[str, dict[str, dict[str, Any]]] = {}
 
     def create_run(self, run_id: str, records: Sequence[Record]) -> Lease:
@@ -66,6 +70,7 @@ class MemoryStore(RecordReads):
             self._tokens[run_id] = token
             self._held.add(run_id)
             self._indexes.pop(run_id, None)
+            self._merged.forget(run_id)
             self._cancel.discard(run_id)
         return Lease(run_id, token)
 
@@ -105,8 +110,25 @@ class MemoryStore(RecordReads):
         return run_id in self._cancel
 
     def _cache_read(self, names: list[str], exclude_run: str | None,
-                    limit: int | None) -> dict[str, CacheHit] | set[str]:
+                    limit: int | None) -> Hits:
+        """A view of the entries (in memory already: never only the fingerprints): the
+        idle runs' successes merged once (:mod:`.memory_index`), the driven runs' read now."""
         wanted = set(names)
+        live: list[tuple[int, Successes]] = []
+        with self._merging:
+            runs = list(self._records)
+            for order in range(len(runs) - 1, -1, -1):      # newest run first
+                run_id = runs[order]
+                if run_id in self._held:
+                    live.append((order, self._successes(run_id)))
+                elif run_id not in self._merged.merged:
+                    self._merged.add(order, self._successes(run_id))
+                    self._merged.merged.add(run_id)
+        return Hits(self._merged, wanted, exclude_run, live,
+                    lambda: self._scan(wanted, exclude_run))
+
+    def _scan(self, wanted: set[str], exclude_run: str | None) -> dict[str, CacheHit]:
+        """Every entry of a wanted task, the newest run's per fingerprint (read run by run)."""
         out: dict[str, CacheHit] = {}
         for run_id in reversed(list(self._records)):      # newest run first
             if run_id == exclude_run:
@@ -114,9 +136,9 @@ class MemoryStore(RecordReads):
             for fp, (name, hit) in self._successes(run_id).items():
                 if name in wanted:
                     out.setdefault(fp, hit)
-        return out      # in memory already: never only the fingerprints
+        return out
 
-    def _successes(self, run_id: str) -> dict[str, tuple[str, CacheHit]]:
+    def _successes(self, run_id: str) -> Successes:
         """fingerprint -> (task name, cache hit) of a run; kept once the run is idle."""
         index = self._indexes.get(run_id)
         if index is not None:

@@ -13,8 +13,8 @@ calls); a store inherits it and supplies the primitives:
 * ``get_run(run_id)``: the run view (the protocol's own read);
 * ``_side_decisions(run_id)``: approval decisions made by any process and not
   journaled yet (decision files, a ``signals`` table, a dict);
-* ``_cache_read(names, exclude_run, limit)``: the cache entries, or only the
-  fingerprints when more than ``limit`` results would be read;
+* ``_cache_read(names, exclude_run, limit)``: the cache entries (a mapping), or only
+  the fingerprints when more than ``limit`` results would be read;
 * ``blobs``: the store's result files (:mod:`ledgerflow.blobs`).
 
 The SQL ledgers also share the two queries of tables shaped by the records
@@ -80,7 +80,7 @@ class RecordReads:
         raise NotImplementedError
 
     def _cache_read(self, names: list[str], exclude_run: str | None,
-                    limit: int | None) -> dict[str, CacheHit] | set[str]:
+                    limit: int | None) -> Mapping[str, CacheHit] | set[str]:
         raise NotImplementedError
 
     def get_run(self, run_id: str, *, tasks: bool = True, upstream: bool = True) -> RunView:
@@ -140,9 +140,10 @@ class RecordReads:
             return CacheIndex(found, lambda: self._cache_entries(names, exclude_run))
         return found
 
-    def _cache_entries(self, names: list[str], exclude_run: str | None) -> dict[str, CacheHit]:
+    def _cache_entries(self, names: list[str],
+                       exclude_run: str | None) -> Mapping[str, CacheHit]:
         found = self._cache_read(names, exclude_run, None)
-        assert isinstance(found, dict)
+        assert not isinstance(found, set)
         return found
 
     # -- result files --------------------------------------------------------------------
