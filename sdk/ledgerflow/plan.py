@@ -156,8 +156,10 @@ class Plan:
     def link(self, inst: Instance) -> str | None:
         """Count what ``inst`` waits for; return a failed upstream key, if any."""
         node = inst.node
-        waits: list[Instance | FanOut] = list(inst.up)
-        waits.extend(self._node_at_run_time(k) for k in node.after)
+        if node.after:
+            waits: Any = [*inst.up, *[self._node_at_run_time(k) for k in node.after]]
+        else:
+            waits = inst.up     # (most tasks: a fan-out's child waits for nothing at all)
         failed = None
         for w in waits:
             if isinstance(w, Instance):
