@@ -35,8 +35,9 @@ a step says otherwise):
    c. ``ledgerflow_attempt_finished`` for each attempt that ended in it;
    d. for each attempt whose ``running`` transition was in the commit,
       ``ledgerflow_job_carrier``, then the job goes to ``executor.submit``
-      (or runs in the driver thread: the ``inline`` executor, a lone task on
-      ``threads``). So no task code runs before its ``running`` is durable
+      (or the runner calls the attempt itself, in the driver thread and with no
+      Job: the ``inline`` executor, a lone task on ``threads``;
+      :mod:`ledgerflow.here`). So no task code runs before its ``running`` is durable
       (*durable before start*), and a dependent starts only after the commit
       that holds its upstream's success and result (*durable before unlock*).
       One exception, the *commit lag* (``Settings.commit_lag``, 10 ms): on an
@@ -46,7 +47,8 @@ a step says otherwise):
       out with the next commit (and the hooks of 4a-4c after it).
 
 5. *In the worker* (a thread, process or cluster worker; no hook is called
-   there): ``executor.execute`` enters the carrier's ``scope()`` around the
+   there): ``executor.call`` (what ``execute`` runs for a Job, and the
+   runner for its own attempts) enters the carrier's ``scope()`` around the
    task call; ``context()`` appends steps, model and tool calls to the
    attempt logs (:mod:`ledgerflow.attempt_log`) as they happen. Whatever the
    task raises (``BaseException`` too) ends the attempt, never the worker

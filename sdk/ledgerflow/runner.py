@@ -6,9 +6,12 @@ the run: creation, the resume reset and the restore of a prior run included),
 the one applier. Its collaborators decide and return data, and it applies:
 :mod:`ledgerflow.resume` (a prior row), :mod:`ledgerflow.caching` (a cache
 hit), :mod:`ledgerflow.gates` (approval gates), :mod:`ledgerflow.outcomes`
-(an attempt's end); :mod:`ledgerflow.observers` hears of each commit. The
-order of commits, hooks and task starts (the run protocol) is documented
-once, at the top of :mod:`ledgerflow.hookspecs`.
+(an attempt's end); :mod:`ledgerflow.observers` hears of each commit. An
+attempt runs either here, in the driver thread, called by the runner itself
+(:mod:`ledgerflow.here`), or handed to the executor as a Job
+(:mod:`ledgerflow.handoff`); its report is applied the same way. The order of
+commits, hooks and task starts (the run protocol) is documented once, at the
+top of :mod:`ledgerflow.hookspecs`.
 """
 
 from __future__ import annotations
@@ -265,7 +268,8 @@ class Runner(Handoff):
             self.wake.wait(timeout)
 
     def _dispatch(self, inst: Instance) -> None:
-        """A cache hit, or an attempt moved to ``running`` and queued for the commit."""
+        """A cache hit, or an attempt moved to ``running``: run here once its start is
+        committed (the commit may lag), or handed off after the next commit."""
         node = inst.node
         opts = node.task.options
         if self.unread is not None and self.unread.insts:
