@@ -122,8 +122,7 @@ class MemoryStore(RecordReads):
                 if run_id in self._held:
                     live.append((order, self._successes(run_id)))
                 elif run_id not in self._merged.merged:
-                    self._merged.add(order, self._successes(run_id))
-                    self._merged.merged.add(run_id)
+                    self._merged.add(run_id, order, self._successes(run_id))
         return Hits(self._merged, wanted, exclude_run, live,
                     lambda: self._scan(wanted, exclude_run))
 

@@ -27,9 +27,10 @@ class MergedIndex:
         self.by_fp: dict[str, tuple[int, str, CacheHit]] = {}
         self.merged: set[str] = set()
 
-    def add(self, order: int, successes: Successes) -> None:
-        """Merge the successes of the run created ``order``-th (a later one wins; the same
-        run again, after a resume, replaces its own entries)."""
+    def add(self, run_id: str, order: int, successes: Successes) -> None:
+        """Merge the successes of ``run_id``, the run created ``order``-th (a later one
+        wins; the same run again, after a resume, replaces its own entries)."""
+        self.merged.add(run_id)
         by_fp = self.by_fp
         for fp, (name, hit) in successes.items():
             cur = by_fp.get(fp)

@@ -126,6 +126,13 @@ class Completion:
     #: Notices the task raised (``context().notice``): (kind, message, time).
     notices: Sequence[tuple[str, str, float]] = ()
 
+    @property
+    def bare(self) -> bool:
+        """True if the attempt reported nothing beyond how it ended (and its value): no
+        output, calls, notices, steps or lineage (most attempts)."""
+        return not (self.log or self.model_calls or self.tool_calls or self.notices
+                    or self.steps or self.lineage)
+
 
 @runtime_checkable
 class Executor(Protocol):

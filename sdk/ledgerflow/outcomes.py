@@ -97,7 +97,7 @@ def reported(key: str, attempt: int, c: Completion) -> list[Record]:
     its output, calls, notices, steps and lineage."""
     ended = AttemptEnded(key, attempt, c.outcome, c.started_at, c.ended_at, c.error_type,
                          c.error_message, c.traceback)
-    if not (c.log or c.model_calls or c.tool_calls or c.notices or c.steps or c.lineage):
+    if c.bare:
         return [ended]          # the common case, kept cheap (one per task of a big run)
     out: list[Record] = []
     if c.log:

@@ -353,8 +353,7 @@ class Runner(Handoff):
         """Journal what an ended attempt of ``inst`` did, then move the task."""
         opts = inst.node.task.options
         if c.outcome == _OK and inst.state == _RUNNING and opts.timeout is None \
-                and not self.j.hears_attempts and not (c.log or c.lineage or c.steps or
-                                                       c.model_calls or c.tool_calls or c.notices):
+                and not self.j.hears_attempts and c.bare:
             self.j.succeed(inst, c, plain=True)     # the common case, in one record
             self._unlock(inst)
             return

@@ -35,12 +35,12 @@ def p(n: int = 5):
 '''
 
 HOLD = '''
-import sys, time
+import signal, sys
 from ledgerflow_stores.duckdb.store import DuckDBStore
 store = DuckDBStore(sys.argv[1])
 with store.ledger.connect(True):
     print("writing", flush=True)
-    time.sleep(600)
+    signal.pause()          # holds the write connection until the test kills it
 '''
 
 BLOCK0 = 3 * 4096          # after DuckDB's three headers

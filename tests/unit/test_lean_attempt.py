@@ -9,6 +9,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import ledgerflow
 from ledgerflow import context, pipeline, task
 from ledgerflow.context import TaskCancelled
@@ -144,9 +146,11 @@ def test_an_in_driver_attempt_gets_its_context_steps_and_output_without_a_job(
                                                                 (2, "attempt 2\n")]
 
 
-def test_an_in_driver_attempt_that_sees_a_cancel_stops_the_run(tmp_path: Path) -> None:
+def test_an_in_driver_attempt_that_sees_a_cancel_stops_the_run(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A task that finds its run cancelled (``context().cancel_requested``) and raises
-    TaskCancelled ends ``cancelled``, and so does the run; nothing after it starts."""
+    TaskCancelled ends ``cancelled``, and so does the run; nothing after it starts, and no
+    executor is asked to stop an attempt it never had."""
     store = str(tmp_path / "l.duckdb")
     started: list[int] = []
 
@@ -170,3 +174,4 @@ def test_an_in_driver_attempt_that_sees_a_cancel_stops_the_run(tmp_path: Path) -
     assert states == {"step_of": "succeeded", "step_of-2": "succeeded",
                       "step_of-3": "cancelled", "step_of-4": "cancelled",
                       "step_of-5": "cancelled"}
+    assert "executor.cancel failed" not in caplog.text

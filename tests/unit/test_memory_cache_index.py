@@ -3,7 +3,6 @@ at every later lookup, and the entry a lookup gives is still the newest run's.""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -13,10 +12,13 @@ from ledgerflow.records import AttemptEnded, ResultRecorded, RunStateChanged, Tr
 from ledgerflow.testing.stores import run_records, started
 from ledgerflow_stores.memory import MemoryStore
 
+#: when the records below say things happened (any time will do)
+NOW = 1_800_000_000.0
+
 
 def _succeed(st: MemoryStore, run_id: str, key: str, fp: str, *, release: bool = True) -> Any:
     lease = st.create_run(run_id, run_records(run_id))
-    now = time.time()
+    now = NOW
     st.append(lease, [*started(key, now),
                       AttemptEnded(key, 1, "ok", now, now, "", "", ""),
                       ResultRecorded(key, 1, fp, f"h-{run_id}", "json", "1", None, 1, None),
@@ -72,7 +74,7 @@ def test_a_run_still_driven_is_read_as_it_is_now() -> None:
     _succeed(st, "old", "a", "fp-1")
     lease = _succeed(st, "driven", "a", "fp-1", release=False)
     assert st.cache_lookup(["a"])["fp-1"][0] == "driven"     # newer, though not idle yet
-    now = time.time()
+    now = NOW
     st.append(lease, [*started("b", now, seq=5),
                       AttemptEnded("b", 1, "ok", now, now, "", "", ""),
                       ResultRecorded("b", 1, "fp-2", "h", "json", "2", None, 1, None),
