@@ -55,7 +55,35 @@ def test_small_runs_and_unfolded_journals_are_read_row_by_row(tmp_path) -> None:
     unfolded = str(tmp_path / "u.duckdb")
     st = DuckDBStore(unfolded, policy=FoldPolicy(fold_at_release=False, interval=3600))
     run = big.run(n=20, store=st, executor="inline")
-    assert st.summarize(run.run_id, min_tasks=10) is None      # the tail needs the rows
+    assert st.summarize(run.run_id, min_tasks=10) is None      # the tables lack the run
+
+
+@pytest.mark.parametrize("bites", [1, 2])
+def test_a_live_run_is_summed_in_sql_with_its_journal_tail_on_top(tmp_path, capsys,
+                                                                  monkeypatch,
+                                                                  bites: int) -> None:
+    """A run whose journal the tables hold only in part (a live run between folds):
+    the tasks its tail names are summed from their rows, the rest in SQL."""
+    path = str(tmp_path / "l.duckdb")
+    big.run(n=300, store=path, executor="inline")
+    monkeypatch.setenv("LEDGERFLOW_COMMIT_LAG", "0")    # a journal line a task: many batches
+    st = DuckDBStore(path, policy=FoldPolicy(fold_at_release=False, interval=3600,
+                                             batch_bytes=4096, bite_bytes=4096))
+    run = big.run(n=300, salt=150, store=st, executor="inline")
+    # a bite of 4 KB folds one batch (64 KB or more: its creation's line, then tasks)
+    assert st.fold_run(run.run_id, max_bytes=4096 * bites)      # more is left
+    assert st.summarize(run.run_id, min_tasks=500) is not None
+    summed = st.summarize(run.run_id, min_tasks=500)
+    full = st.get_run(run.run_id, upstream=False)
+    assert summed is not None and not summed.tasks
+    assert summed.state == full.state == "failed"           # the run's end is in the tail
+    assert summed.counts() == full.counts()
+    assert summed.counts()["failed"] == 4 and summed.counts()["upstream_failed"] == 1
+    assert [(g.name, g.count, g.cached) for g in summed.groups or []] == [
+        ("maybe", 300, 296), ("total", 1, 0), ("square", 300, 150)]
+    assert summed.first_failure is not None
+    assert summed.first_failure.key == full.root_causes()[0].key
+    assert _table(summed, capsys) == _table(full, capsys)
 
 
 @pytest.mark.timeout(120)

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from ledgerflow import ledger
 from ledgerflow.ledger import CacheSQL
 from ledgerflow.records import Record
-from ledgerflow.views import RunView, TaskGroup, TaskRow
+from ledgerflow.views import RunView, TaskRow
 
 R = TypeVar("R", bound=Record)
 Folded = dict[int, int]      # token -> journal offset folded
@@ -88,53 +88,6 @@ def settled_keys(con: Any, run_id: str) -> frozenset[str]:
     """The keys of the run's :data:`SETTLED` tasks (a frontier resume keeps them)."""
     return frozenset([k for (k,) in con.execute(
         f"SELECT task_key FROM tasks WHERE run_id = ? AND {SETTLED}", [run_id]).fetchall()])
-
-
-def summarize(con: Any, view: RunView, min_tasks: int) -> RunView | None:
-    """Fill ``view`` (a run row) with its tasks summed per name, in SQL: the counts,
-    groups and first failure ``pipeline status`` shows for a big run, without a
-    Python object a task. None if the run has ``min_tasks`` tasks or fewer.
-
-    One statement, grouped by name and state; the per-name figures are summed here
-    (a statement costs ~1-2 ms to plan, whatever it reads)."""
-    failing = "error <> '' AND state <> 'succeeded'"
-    rows = con.execute(
-        "SELECT n, state, count(*), count(nullif(cached_from, '')), "
-        "coalesce(sum(ended_at - started_at) FILTER (WHERE started_at > 0 "
-        "AND ended_at > 0), 0), "
-        f"arg_min(task_key || ': ' || error, rid) FILTER (WHERE {failing}), "
-        f"min(rid) FILTER (WHERE {failing}), min(rid), "
-        "arg_min(struct_pack(k := task_key, t := task_name, e := error, at := ended_at), "
-        "struct_pack(e := coalesce(ended_at, 0), k := task_key)) "
-        "FILTER (WHERE state = 'failed') "
-        "FROM (SELECT coalesce(nullif(task_name, ''), task_key) AS n, rowid AS rid, * "
-        "FROM tasks WHERE run_id = ?) GROUP BY n, state", [view.run_id]).fetchall()
-    if sum(r[2] for r in rows) <= min_tasks:
-        return None
-    counts: dict[str, int] = {}
-    by_name: dict[str, list[Any]] = {}      # name -> [first rowid, count, cached, busy,
-    first: dict[str, Any] | None = None     #          (error rowid, error), per state]
-    for n, state, c, cached, busy, err, err_at, at, failed in rows:
-        counts[state] = counts.get(state, 0) + c
-        g = by_name.setdefault(n, [at, 0, 0, 0.0, None, {}])
-        g[0] = min(g[0], at)
-        g[1] += c
-        g[2] += cached
-        g[3] += busy
-        if err is not None and (g[4] is None or err_at < g[4][0]):
-            g[4] = (err_at, err)
-        g[5][state] = c
-        if failed is not None and (first is None or (failed["at"] or 0, failed["k"]) < (
-                first["at"] or 0, first["k"])):
-            first = failed
-    view.task_counts = counts
-    view.groups = [TaskGroup(n, c, per_state, cached, float(busy), err[1] if err else "")
-                   for n, (_at, c, cached, busy, err, per_state)
-                   in sorted(by_name.items(), key=lambda kv: kv[1][0])]
-    if first is not None:
-        view.first_failure = TaskRow(first["k"], first["t"], state="failed",
-                                     error=first["e"], ended_at=first["at"])
-    return view
 
 
 def damage(con: Any, run_id: str) -> list[str]:

@@ -42,7 +42,7 @@ from ledgerflow.states import RUN_ACTIVE, RunState, TaskState
 from ledgerflow.store import CacheHit, Lease
 from ledgerflow.views import RunView, TaskRow
 
-from . import doctor, queries
+from . import doctor, queries, summary
 from .batch import RUN_TERMINAL_VALUES
 from .connection import Ledger
 from .decisions import Decisions
@@ -342,13 +342,23 @@ class DuckDBStore(RecordReads):
 
     def summarize(self, run_id: str, *, min_tasks: int = 500) -> RunView | None:
         """The run with its tasks summed per name and no task rows (see
-        :func:`.queries.summarize`), for a big run whose journal is all folded; None
-        when only a full read answers right (few tasks, a journal not folded yet, damage,
-        approvals waiting: their decisions are overlaid on the rows)."""
-        summed = self._from_tables(
-            run_id, lambda con, view: queries.summarize(con, view, min_tasks), tasks=False)
+        :mod:`.summary`), for a big run, its journal tail applied (a live run); None
+        when only a full read answers right (few tasks, a run the tables do not hold
+        yet, damage, approvals waiting: their decisions are overlaid on the rows)."""
+        segs = self.journals.segments(run_id)
+        with self.ledger.connect(False) as con:
+            view = queries.load_run(con, run_id, tasks=False)
+            if view is None or queries.damage(con, run_id):
+                return None
+            tail: list[AnyRecord] = []
+            if segs and not _all_folded(queries.folded_offsets(con, run_id), segs):
+                tail, damage = self._tail(con, run_id)
+                if damage:
+                    return None
+            summed = summary.summarize(con, view, min_tasks, tail)
         if summed is None or (summed.task_counts or {}).get(TaskState.WAITING_APPROVAL.value):
             return None
+        summed.driver_alive = self.driver_alive(run_id) if summed.state in _ACTIVE else False
         return summed
 
     def unsettled(self, run_id: str) -> tuple[RunView, int] | None:
