@@ -7,8 +7,9 @@ import time
 from collections.abc import Callable
 
 import ledgerflow
-from ledgerflow import pipeline, task
+from ledgerflow import context, pipeline, task
 from ledgerflow.executor import Completion, Job, execute
+from tests.waiting import wait_until
 
 
 class QueueingExecutor:
@@ -159,3 +160,49 @@ def test_a_result_after_the_executors_timeout_is_rejected_as_late(tmp_path):
     assert run.state == "succeeded" and run.result() == 7
     assert [a["outcome"] for a in run.attempts()] == ["timeout", "ok"]
     assert [n["kind"] for n in run.notices()] == ["late_result_rejected"]
+
+
+#: The items ``held`` started (the threads executor's test).
+STARTED: list[int] = []
+
+
+@task
+def held(i: int) -> int:
+    STARTED.append(i)
+    wait_until(lambda: context().cancel_requested, timeout=60, what="a cancel request")
+    context().raise_if_cancelled()
+    return i
+
+
+@pipeline
+def holding(n: int):
+    return held.map(list(range(n)))
+
+
+def test_the_threads_executor_queues_jobs_ahead_and_a_cancelled_one_never_runs():
+    # one thread: the first item holds it until the cancel; the other five are handed
+    # over at once, shown running from their dispatch, and the cancel ends them before
+    # they start
+    STARTED.clear()
+    store = "memory:threads-queue-ahead"
+    done: list[ledgerflow.Run] = []
+    driver = threading.Thread(target=lambda: done.append(holding.run(
+        n=6, store=store, executor="threads", workers=1)))
+    driver.start()
+    try:
+        wait_until(lambda: STARTED == [0], what="the first item to start")
+        run_id = ledgerflow.runs(store=store)[0].run_id
+        counts = wait_until(lambda: (c := ledgerflow.get_run(run_id, store=store).status()
+                                     .counts()).get("running") == 6 and c,
+                            what="six items handed to the thread")
+        assert counts == {"running": 6}
+        assert ledgerflow.cancel(run_id, store=store) == "requested"
+        wait_until(lambda: ledgerflow.get_run(run_id, store=store).state != "running",
+                   timeout=60, what="the cancel to reach the driver")
+    finally:
+        driver.join(60)
+    (run,) = done
+    assert run.state == "cancelled"
+    assert STARTED == [0]                    # the queued five never ran
+    assert {t["key"]: t["state"] for t in run.tasks()} == {
+        f"held[{i}]": "cancelled" for i in range(6)}
