@@ -9,6 +9,7 @@ import pytest
 
 from ledgerflow import pipeline, task
 from ledgerflow.cli.render import summary
+from ledgerflow.views import RunView
 from ledgerflow_stores.duckdb import DuckDBStore, FoldPolicy
 from tests.unit.test_duckdb_store import maybe, total
 
@@ -28,14 +29,10 @@ def _table(view, capsys) -> str:
     return capsys.readouterr().out
 
 
-def test_a_big_run_summed_in_sql_shows_what_its_rows_show(tmp_path, capsys) -> None:
-    path = str(tmp_path / "l.duckdb")
-    big.run(n=300, store=path, executor="inline")
-    run = big.run(n=300, salt=150, store=path, executor="inline")   # half of it cached
-    st = DuckDBStore(path)
-    summed = st.summarize(run.run_id, min_tasks=500)
+def _same_summary(summed: RunView | None, full: RunView, capsys) -> str:
+    """Check ``summed`` (300 ``maybe``, one ``total``, 300 ``square`` half cached) says
+    what the full read ``full`` says; return its table."""
     assert summed is not None and not summed.tasks
-    full = st.get_run(run.run_id, upstream=False)
     assert summed.counts() == full.counts()
     assert summed.counts()["failed"] == 4 and summed.counts()["upstream_failed"] == 1
     assert [(g.name, g.count, g.cached) for g in summed.groups or []] == [
@@ -44,6 +41,17 @@ def test_a_big_run_summed_in_sql_shows_what_its_rows_show(tmp_path, capsys) -> N
     assert summed.first_failure.key == full.root_causes()[0].key
     table = _table(summed, capsys)
     assert table == _table(full, capsys)
+    return table
+
+
+def test_a_big_run_summed_in_sql_shows_what_its_rows_show(tmp_path, capsys) -> None:
+    path = str(tmp_path / "l.duckdb")
+    big.run(n=300, store=path, executor="inline")
+    run = big.run(n=300, salt=150, store=path, executor="inline")   # half of it cached
+    st = DuckDBStore(path)
+    summed = st.summarize(run.run_id, min_tasks=500)
+    full = st.get_run(run.run_id, upstream=False)
+    table = _same_summary(summed, full, capsys)
     assert "root cause: maybe[0]: ValueError: item 0 (and 3 more)" in table
 
 
@@ -72,18 +80,10 @@ def test_a_live_run_is_summed_in_sql_with_its_journal_tail_on_top(tmp_path, caps
     run = big.run(n=300, salt=150, store=st, executor="inline")
     # a bite of 4 KB folds one batch (64 KB or more: its creation's line, then tasks)
     assert st.fold_run(run.run_id, max_bytes=4096 * bites)      # more is left
-    assert st.summarize(run.run_id, min_tasks=500) is not None
     summed = st.summarize(run.run_id, min_tasks=500)
     full = st.get_run(run.run_id, upstream=False)
-    assert summed is not None and not summed.tasks
-    assert summed.state == full.state == "failed"           # the run's end is in the tail
-    assert summed.counts() == full.counts()
-    assert summed.counts()["failed"] == 4 and summed.counts()["upstream_failed"] == 1
-    assert [(g.name, g.count, g.cached) for g in summed.groups or []] == [
-        ("maybe", 300, 296), ("total", 1, 0), ("square", 300, 150)]
-    assert summed.first_failure is not None
-    assert summed.first_failure.key == full.root_causes()[0].key
-    assert _table(summed, capsys) == _table(full, capsys)
+    _same_summary(summed, full, capsys)
+    assert summed is not None and summed.state == full.state == "failed"  # (in the tail)
 
 
 @pytest.mark.timeout(120)
