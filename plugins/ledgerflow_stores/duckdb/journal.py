@@ -19,6 +19,7 @@ only as the store records it, :mod:`.decisions`).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import gzip
 import logging
@@ -310,3 +311,44 @@ def read_records(path: Path, start: int) -> tuple[list[AnyRecord], int, Damage |
             end = pos
         end = offset
     return records, end, None
+
+
+class TailReads:
+    """:func:`read_records`, read once per segment, offset and size inside a thread's read
+    block (:meth:`block`, the store's ``reading``): a command that reads a run, its
+    approvals and its notices decodes a live run's tail once, not once a read. A segment
+    that grew meanwhile is read again; outside a block every call reads."""
+
+    def __init__(self) -> None:
+        self._blocks: dict[int, dict[tuple[str, int, int], tuple[list[AnyRecord],
+                                                                 Damage | None]]] = {}
+
+    @contextlib.contextmanager
+    def block(self) -> Iterator[None]:
+        me = threading.get_ident()
+        if me in self._blocks:      # nested: the outer block keeps what is read
+            yield
+            return
+        self._blocks[me] = {}
+        try:
+            yield
+        finally:
+            del self._blocks[me]
+
+    def read(self, path: Path, start: int) -> tuple[list[AnyRecord], Damage | None]:
+        """The records of ``path`` from byte ``start`` and the damage that stopped them
+        (the list is shared within a block: extend another list with it)."""
+        memo = self._blocks.get(threading.get_ident())
+        if memo is None:
+            records, _, bad = read_records(path, start)
+            return records, bad
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            size = -1
+        key = (str(path), start, size)
+        hit = memo.get(key)
+        if hit is None:
+            records, _, bad = read_records(path, start)
+            hit = memo[key] = (records, bad)
+        return hit

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -47,7 +47,7 @@ from .batch import RUN_TERMINAL_VALUES
 from .connection import Ledger
 from .decisions import Decisions
 from .fold import BackgroundFold, Fold, FoldPolicy
-from .journal import Journals, read_records
+from .journal import Journals, TailReads
 from .lease import Heartbeat, Leases
 
 log = logging.getLogger("ledgerflow")
@@ -92,6 +92,7 @@ class DuckDBStore(RecordReads):
         self._background: dict[str, BackgroundFold] = {}
         #: run -> the driver token this process last read it at (see :meth:`take_over`)
         self._seen: dict[str, int] = {}
+        self.tails = TailReads()
 
     # -- writing -------------------------------------------------------------------------
     def create_run(self, run_id: str, records: Sequence[Record]) -> Lease:
@@ -259,10 +260,12 @@ class DuckDBStore(RecordReads):
             raise StoreError(f"cannot fold the journals of {self.location}: {exc}",
                              hint="check the ledger folder's permissions") from None
 
-    def reading(self) -> contextlib.AbstractContextManager[None]:
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
         """One read connection for every read of this thread in the block (see
-        :meth:`Ledger.reading`)."""
-        return self.ledger.reading()
+        :meth:`Ledger.reading`), and each journal tail decoded once (:class:`TailReads`)."""
+        with self.ledger.reading(), self.tails.block():
+            yield
 
     def doctor(self) -> list[dict[str, Any]]:
         """What is wrong with this ledger, in plain words (see :mod:`.doctor`)."""
@@ -301,7 +304,7 @@ class DuckDBStore(RecordReads):
                 continue  # what an old driver wrote after the takeover is not applied
             if any(d.startswith(f"journal {path.name} ") for d in damage):
                 continue  # used up to its damage by the fold already
-            more, _, bad = read_records(path, folded.get(token, 0))
+            more, bad = self.tails.read(path, folded.get(token, 0))
             records.extend(more)
             if bad is not None:
                 damage.append(bad.describe())
