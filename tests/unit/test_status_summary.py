@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
 
 from ledgerflow import pipeline, task
-from ledgerflow.cli.render import summary
+from ledgerflow.cli.render import dumps, run_dumps, run_json, summary
 from ledgerflow.views import RunView
 from ledgerflow_stores.duckdb import DuckDBStore, FoldPolicy
 from tests.unit.test_duckdb_store import maybe, total
@@ -95,3 +96,32 @@ def test_pipeline_status_of_a_big_run(tmp_path) -> None:
     assert out.returncode == 0, out.stderr
     assert "│ maybe  │ 300   │ 4 failed, 296 succeeded" in out.stdout
     assert "tasks: 4 failed, 596 succeeded, 1 upstream_failed" in out.stdout
+
+
+@task
+def greet(name: str) -> str:
+    if name != "ana":
+        raise ValueError(f"no greeting for {name}")
+    return f"hello {name}"
+
+
+@pipeline
+def greetings():
+    return [greet("ana"), greet("zoë")]
+
+
+def test_a_runs_json_is_the_same_text_from_msgspec(tmp_path) -> None:
+    # status/run --json write the run's document with msgspec: the same bytes as
+    # json.dumps for failures, cached tasks and root causes, and for text other than
+    # ASCII too (json.dumps escapes it: that document goes through json.dumps)
+    path = str(tmp_path / "l.duckdb")
+    big.run(n=20, store=path, executor="inline")
+    cached = DuckDBStore(path).get_run(big.run(n=20, salt=10, store=path,
+                                               executor="inline").run_id)
+    named = DuckDBStore(path).get_run(greetings.run(store=path, executor="inline").run_id)
+    assert "zoë" in str([t.error for t in named.tasks.values()])
+    for view in (cached, named):
+        text = run_dumps(view)
+        assert text == dumps(run_json(view))
+        assert text.isascii()
+    assert json.loads(run_dumps(cached))["root_cause"]["key"] == "maybe[0]"

@@ -22,7 +22,7 @@ from ..states import RunState
 from .guard import guard
 from .options import DASK, EXECUTOR, JSON, LOGS, PARAMS, STORE, WAIT, WORKERS, main
 from .params import convert_params
-from .render import ROW_LIMIT, dumps, out, progress_for, run_json, summary
+from .render import ROW_LIMIT, dumps, out, progress_for, run_dumps, summary
 
 
 def drive(start: Callable[[threading.Event, Any], api.Run], as_json: bool, run_id: str,
@@ -121,7 +121,7 @@ def finish(run: api.Run, as_json: bool) -> None:
     view = api.view(run, summed_above=None if as_json else ROW_LIMIT)
     waiting = view.state == RunState.WAITING
     if as_json:
-        out(dumps(run_json(view)))
+        out(run_dumps(view))
     else:
         summary(view)
         if waiting:

@@ -19,7 +19,7 @@ from .drive import pending_lines
 from .guard import guard
 from .options import JSON, PARAMS, STORE, main
 from .params import convert_params
-from .render import STATUS_ROWS, attempts_json, dumps, out, run_json, summary, task_lines
+from .render import STATUS_ROWS, attempts_json, dumps, out, run_dumps, summary, task_lines
 
 
 @main.command()
@@ -52,7 +52,7 @@ def _status(run: api.Run, task_key: str | None, all_rows: bool, as_json: bool) -
         _task_status(run, view, task_key, as_json)
         return
     if as_json:
-        out(dumps(run_json(view)))
+        out(run_dumps(view))
         return
     summary(view, all_rows=True, every_row=all_rows)
     decided = api.decisions(run)
