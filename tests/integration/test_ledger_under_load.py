@@ -60,7 +60,7 @@ def _project(tmp_path: Path, **env: str) -> Project:
 
 def _status_calls(p: Project, run_id: str, n: int = 50) -> tuple[list, list[str]]:
     """``n`` ``status`` calls, ten at a time (the 50 of issue 34), every tenth with
-    ``--json`` (every task's row: ~1.5 s of CPU for this run, three times the table),
+    ``--json`` (every task's row: about three times the work of the table),
     the others the table a user watches; stops early once three were refused."""
     answers: list[subprocess.CompletedProcess[str]] = []
 
