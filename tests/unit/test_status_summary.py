@@ -125,3 +125,20 @@ def test_a_runs_json_is_the_same_text_from_msgspec(tmp_path) -> None:
         assert text == dumps(run_json(view))
         assert text.isascii()
     assert json.loads(run_dumps(cached))["root_cause"]["key"] == "maybe[0]"
+
+
+def test_a_live_run_with_a_damaged_tail_is_read_row_by_row(tmp_path, monkeypatch) -> None:
+    # a tail the summary cannot trust is left to the full read, which says where the
+    # damage is (pipeline status prints it)
+    path = str(tmp_path / "l.duckdb")
+    monkeypatch.setenv("LEDGERFLOW_COMMIT_LAG", "0")
+    st = DuckDBStore(path, policy=FoldPolicy(fold_at_release=False, interval=3600,
+                                             batch_bytes=4096, bite_bytes=4096))
+    run = big.run(n=300, store=st, executor="inline")
+    assert st.fold_run(run.run_id, max_bytes=4096)              # more is left
+    (segment,) = st.journals.segments(run.run_id)
+    lines = segment[1].read_bytes().splitlines(keepends=True)
+    lines[-3] = b"this is not a journal line\n"                 # in the unfolded part
+    segment[1].write_bytes(b"".join(lines))
+    assert st.summarize(run.run_id, min_tasks=500) is None
+    assert "damaged" in (st.get_run(run.run_id, upstream=False).damage or "")

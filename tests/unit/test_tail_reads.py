@@ -59,3 +59,10 @@ def test_a_segment_that_grew_in_the_block_is_read_again(tmp_path, monkeypatch) -
         assert [n["message"] for n in st.notices(run.run_id)] == ["written later"]
         assert [n["message"] for n in st.notices(run.run_id)] == ["written later"]
     assert len(seen) == 2                     # read again once it grew, then not
+
+
+def test_a_segment_gone_in_the_block_reads_as_empty(tmp_path) -> None:
+    # (archived meanwhile by another process: the store then finds it by its new name)
+    tails = journal.TailReads()
+    with tails.block():
+        assert tails.read(tmp_path / "gone.1.jsonl", 0) == ([], None)

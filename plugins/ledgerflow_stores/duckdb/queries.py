@@ -55,14 +55,16 @@ def load_run(con: Any, run_id: str, *, tasks: bool = True, upstream: bool = True
     return view
 
 
-def task_rows(con: Any, run_id: str, keys: list[str]) -> dict[str, TaskRow]:
-    """The rows of the run's tasks ``keys`` (those the tables hold), without upstreams."""
+def task_rows(con: Any, run_id: str, keys: list[str],
+              rowids: dict[str, int] | None = None) -> dict[str, TaskRow]:
+    """The rows of the run's tasks ``keys`` (those the tables hold), without upstreams;
+    with ``rowids``, each row's rowid is put there by key (its place in the table)."""
     return _task_rows(con, run_id, "AND task_key IN (SELECT unnest(?::VARCHAR[])) ",
-                      [keys], upstream=False)
+                      [keys], upstream=False, rowids=rowids)
 
 
 def _task_rows(con: Any, run_id: str, where: str, args: list[Any] | None = None, *,
-               upstream: bool) -> dict[str, TaskRow]:
+               upstream: bool, rowids: dict[str, int] | None = None) -> dict[str, TaskRow]:
     # upstream lists are the costliest column to turn into Python: only lineage needs them
     ups = "coalesce(upstream, [])" if upstream else "[]::VARCHAR[]"
     # the columns in TaskRow's order, NULLs already replaced: a row is TaskRow(*row)
@@ -70,9 +72,13 @@ def _task_rows(con: Any, run_id: str, where: str, args: list[Any] | None = None,
         f"SELECT task_key, task_name, node, item_key, position, {ups}, code_version, state, "
         "coalesce(attempts, 0), coalesce(budget_base, 0), started_at, ended_at, error, "
         "fingerprint, result_hash, result_kind, result_data, result_uri, "
-        "coalesce(result_size, 0), cached_from, coalesce(result_attempt, 0) "
+        "coalesce(result_size, 0), cached_from, coalesce(result_attempt, 0)"
+        f"{', rowid' if rowids is not None else ''} "
         f"FROM tasks WHERE run_id = ? {where}ORDER BY rowid", [run_id, *(args or [])]
     ).fetchall()
+    if rowids is not None:
+        rowids.update((r[0], r[-1]) for r in rows)
+        rows = [r[:-1] for r in rows]
     return dict(zip([r[0] for r in rows], starmap(TaskRow, rows), strict=True))
 
 

@@ -334,9 +334,13 @@ class DuckDBStore(RecordReads):
             view = RunView(run_id)
         apply(view, tail)
         view.damage = "; ".join(damage) or None
-        view.driver_alive = self.driver_alive(run_id) if view.state in _ACTIVE else False
+        view.driver_alive = self._alive(view)
         self._saw(view)
         return view
+
+    def _alive(self, view: RunView) -> bool:
+        """True if a driver is alive for ``view``'s run (asked only of an active run)."""
+        return view.state in _ACTIVE and self.driver_alive(view.run_id)
 
     def _saw(self, view: RunView) -> None:
         """Note the token ``view`` was read at: a read while a driver went on is no
@@ -361,7 +365,7 @@ class DuckDBStore(RecordReads):
             summed = summary.summarize(con, view, min_tasks, tail)
         if summed is None or (summed.task_counts or {}).get(TaskState.WAITING_APPROVAL.value):
             return None
-        summed.driver_alive = self.driver_alive(run_id) if summed.state in _ACTIVE else False
+        summed.driver_alive = self._alive(summed)
         return summed
 
     def unsettled(self, run_id: str) -> tuple[RunView, int] | None:
@@ -407,7 +411,7 @@ class DuckDBStore(RecordReads):
                 return None
             out = read(con, view)
         if out is not None:
-            view.driver_alive = self.driver_alive(run_id) if view.state in _ACTIVE else False
+            view.driver_alive = self._alive(view)
         return out
 
     def list_runs(self, limit: int = 50) -> list[RunView]:

@@ -51,10 +51,8 @@ def summarize(con: Any, view: RunView, min_tasks: int,
         named = list(dict.fromkeys(k for r in tail
                                    if (k := getattr(r, "task_key", None)) is not None))
         where, args = "AND task_key NOT IN (SELECT unnest(?::VARCHAR[]))", [named]
-        rids = dict(con.execute("SELECT task_key, rowid FROM tasks WHERE run_id = ? AND "
-                                "task_key IN (SELECT unnest(?::VARCHAR[]))",
-                                [view.run_id, named]).fetchall())
-        view.tasks.update(task_rows(con, view.run_id, named))
+        rids: dict[str, int] = {}
+        view.tasks.update(task_rows(con, view.run_id, named, rids))
         apply(view, tail)
         rows = [_grouped(row, rids.get(key, _AFTER_TABLE + i))
                 for i, (key, row) in enumerate(view.tasks.items())]
