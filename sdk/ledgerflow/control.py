@@ -132,6 +132,9 @@ def resume(run_id: str, *, store: StoreArg = None, executor: object = None,
                             logs=logs, wait_approvals=wait_approvals)
     st = store_for(settings, store)
     st.recover()        # what killed drivers left reaches the tables (and the cache)
+    settle = getattr(st, "settle", None)
+    if settle is not None:      # what this process's own drive of it left, folded first
+        settle(run_id)          # (outside the read block, which holds the file)
     with reading(st):   # one connection: the run as the resume starts from it
         if view is None or view.run_id != run_id or not (view.tasks or view.settled):
             # its rows are the runner's prior rows (see continue_run); a frontier read

@@ -117,6 +117,16 @@ class Run:
             self._runner.cancel_event.set()
         self.store.request_cancel(self.run_id)
 
+    def settle(self) -> Run:
+        """Wait until the ledger's SQL tables hold this run, for plain SQL on the file
+        from this process: the DuckDB store folds a run's journal into them just after
+        the run returns (its reads, ``status()`` among them, never need to wait)."""
+        self.wait()
+        settle = getattr(self.store, "settle", None)
+        if settle is not None:
+            settle(self.run_id)
+        return self
+
     def lineage(self, task_key: str | None = None) -> list[dict[str, Any]]:
         """Lineage rows of the run (or one task)."""
         return self.store.lineage(self.run_id, task_key)

@@ -86,6 +86,11 @@ class RecordReads:
     def get_run(self, run_id: str, *, tasks: bool = True, upstream: bool = True) -> RunView:
         raise NotImplementedError
 
+    def settle(self, run_id: str | None = None) -> None:
+        """Wait until the store's own tables hold what this process committed (of
+        ``run_id``, or of every run); a store whose tables this process does not fold
+        behind a run has nothing to wait for. Reads through the store never need it."""
+
     # -- record reads --------------------------------------------------------------------
     def notices(self, run_id: str) -> list[dict[str, Any]]:
         return [notice_dict(r) for r in self._kind_rows(run_id, Notice)]

@@ -60,7 +60,7 @@ def test_a_planted_key_reaches_no_table_file_or_model_request(
         return ask("who is ana?")
 
     ledger = tmp_path / "ledger.duckdb"
-    run = flow.run(store=str(ledger))
+    run = flow.run(store=str(ledger)).settle()   # (its tables read as plain SQL)
     assert run.result() == "cannot look ana up"
     calls = run.tool_calls()
     assert [c["outcome"] for c in calls] == ["error", "ok"]

@@ -49,7 +49,7 @@ def _retried(run: ledgerflow.Run) -> list[tuple[Any, ...]]:
 def _run(src: Path, tmp_path: Path, **params: Any) -> ledgerflow.Run:
     run = ledgerflow.run(str(PIPELINE_FILE), source=str(src), index=str(tmp_path / "i.duckdb"),
                          store=str(tmp_path / "l.duckdb"), embedder="slow-hashing",
-                         chunk_size=80, overlap=0, **params)
+                         chunk_size=80, overlap=0, **params).settle()   # (files removed after)
     assert run.state == "succeeded", [t["error"] for t in run.tasks() if t["error"]]
     return run
 

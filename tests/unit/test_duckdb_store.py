@@ -48,7 +48,7 @@ def test_fold_matches_the_memory_store(tmp_path, n: int, batch: int | None) -> N
     policy = FoldPolicy() if batch is None else FoldPolicy(batch_bytes=batch)
     mem = fan.run(n=n, store=f"memory:{tmp_path}", executor="inline")
     disk = fan.run(n=n, store=DuckDBStore(str(tmp_path / "l.duckdb"), policy=policy),
-                   executor="inline")
+                   executor="inline").settle()
     a, b = mem.status(), disk.status()
     assert a.state == b.state == "failed"
     assert _rows(a) == _rows(b)
@@ -139,7 +139,7 @@ def test_a_fold_that_needs_more_memory_than_the_limit_retries_without_it(
     caplog.set_level("INFO", logger="ledgerflow")
     disk = fan.run(n=3000, store=DuckDBStore(str(tmp_path / "l.duckdb"),
                                              policy=FoldPolicy(memory_limit="1MB")),
-                   executor="inline")
+                   executor="inline").settle()
     mem = fan.run(n=3000, store=f"memory:{tmp_path}", executor="inline")
     assert any("retrying without the limit" in r.getMessage() for r in caplog.records)
     assert _rows(mem.status()) == _rows(disk.status())
@@ -173,7 +173,7 @@ def test_a_reading_block_opens_the_ledger_once(tmp_path, monkeypatch) -> None:
     from ledgerflow_stores.duckdb import connection
 
     path = str(tmp_path / "l.duckdb")
-    run = fan.run(n=5, store=path, executor="inline")
+    run = fan.run(n=5, store=path, executor="inline").settle()
     st = DuckDBStore(path)
     opens: list[bool] = []
     real = connection.Ledger._open
@@ -280,9 +280,10 @@ def test_a_drive_shorter_than_the_first_fold_is_folded_once_at_release(
     real = DuckDBStore.fold_run
 
     def counted(self: DuckDBStore, run_id: str, *, max_bytes: int | None = None,
-                archive_finished: bool = False) -> bool:
+                archive_finished: bool = False, token: int | None = None) -> bool:
         bites.append(max_bytes)     # the background fold asks for a bite, release for all
-        return real(self, run_id, max_bytes=max_bytes, archive_finished=archive_finished)
+        return real(self, run_id, max_bytes=max_bytes, archive_finished=archive_finished,
+                    token=token)
 
     monkeypatch.setattr(DuckDBStore, "fold_run", counted)
 
@@ -297,7 +298,7 @@ def test_a_drive_shorter_than_the_first_fold_is_folded_once_at_release(
     st = DuckDBStore(str(tmp_path / "l.duckdb"), policy=FoldPolicy(wake_bytes=1,
                                                                    start_after=60))
     assert st.policy.first_fold == 60
-    assert many.run(store=st, executor="inline").result() == list(range(300))
+    assert many.run(store=st, executor="inline").settle().result() == list(range(300))
     assert bites == [None]                      # the release's fold, and no other
     assert FoldPolicy().first_fold == 1.0 and FoldPolicy(interval=0.1).first_fold == 0.1
 
@@ -373,7 +374,7 @@ def test_repair_copies_the_events_of_a_schema_4_file_into_event_rows(tmp_path) -
     from ledgerflow_stores.duckdb import schema
 
     path = tmp_path / "l.duckdb"
-    run = fan.run(n=6, store=str(path), executor="inline")
+    run = fan.run(n=6, store=str(path), executor="inline").settle()
     before = _moves(run)
     con = duckdb.connect(str(path))     # as schema 4 wrote it: every move a row
     con.execute("CREATE TABLE old_events AS SELECT * FROM events")

@@ -46,9 +46,9 @@ def test_a_run_being_archived_counts_as_folded_not_live(tmp_path: Path,
     go = threading.Event()
     real = Journals.archive
 
-    def held(self: Journals, run_id: str) -> None:     # the archiving, held in progress
+    def held(self: Journals, run_id: str, upto: int | None = None) -> None:   # held
         go.wait()
-        real(self, run_id)
+        real(self, run_id, upto)
     monkeypatch.setattr(Journals, "archive", held)
     journals = Journals(tmp_path)
     journals.archive_soon("r")
@@ -66,7 +66,7 @@ def test_an_archiving_that_fails_leaves_the_journal_live_for_the_next_fold(
     live = _segment(tmp_path, "r.1.jsonl", 3)
     real = Journals.archive
 
-    def full(self: Journals, run_id: str) -> None:
+    def full(self: Journals, run_id: str, upto: int | None = None) -> None:
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(Journals, "archive", full)
     journals = Journals(tmp_path)

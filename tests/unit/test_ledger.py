@@ -112,7 +112,7 @@ def test_lineage_is_plain_sql(ledger: str) -> None:
     def p():
         return b(a())
 
-    run = p.run(store=ledger, executor="inline")
+    run = p.run(store=ledger, executor="inline").settle()   # (SQL in the process that ran it)
     con = duckdb.connect(ledger, read_only=True)
     rows = con.execute("SELECT direction, uri, content_hash FROM lineage WHERE run_id = ? AND "
                        "task_key = 'b' ORDER BY direction, uri", [run.run_id]).fetchall()

@@ -119,7 +119,7 @@ def test_an_outcome_record_reads_as_the_records_it_stands_for(
 def test_a_run_writes_outcome_records_and_reads_as_before(tmp_path: Path) -> None:
     """A chain's task is three records: created (+ pending), ready (+ running), succeeded
     (the first is ready when created)."""
-    run = _chain.run(store=str(tmp_path / "l.duckdb"), executor="inline")
+    run = _chain.run(store=str(tmp_path / "l.duckdb"), executor="inline").settle()
     (_, journal), = DuckDBStore(str(tmp_path / "l.duckdb")).journals.archived(run.run_id)
     kinds = [r[0] for line in gzip.decompress(journal.read_bytes()).splitlines()
              for r in json.loads(line.rsplit(b"\t", 1)[0])]

@@ -49,7 +49,7 @@ def test_a_task_quoting_a_key_leaves_the_key_out_of_the_ledger(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, executor: str) -> None:
     monkeypatch.setenv("LF_REDACT_TEST_API_KEY", KEY)
     store = str(tmp_path / "ledger.duckdb")
-    run = leaking.run(store=store, executor=executor, workers=1)
+    run = leaking.run(store=store, executor=executor, workers=1).settle()   # (files read)
     assert run.state == "failed"
     (attempt,) = ledgerflow.get_run(run.run_id, store=store).attempts("leaky")
     assert attempt["error_message"] == "401: key [redacted LF_REDACT_TEST_API_KEY] refused"
@@ -89,7 +89,7 @@ def test_a_key_in_a_timeout_an_exit_or_an_unsendable_result_is_left_out(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LF_REDACT_TEST_API_KEY", KEY)
     store = str(tmp_path / "ledger.duckdb")
-    run = other_ends.run(store=store, executor="inline")
+    run = other_ends.run(store=store, executor="inline").settle()
     assert run.state == "failed"
     errors = {a["task_key"]: a["error_message"] for a in run.attempts()}
     assert errors == {

@@ -76,7 +76,7 @@ def test_a_run_with_journal_damage_is_planned_from_every_row(tmp_path) -> None:
     import duckdb
 
     path = str(tmp_path / "l.duckdb")
-    run = mixed.run(n=20, store=path, executor="inline")
+    run = mixed.run(n=20, store=path, executor="inline").settle()
     con = duckdb.connect(path)      # what a fold records when a journal line is unreadable
     con.execute("INSERT INTO journal_damage VALUES (?, 1, 0, 'checksum mismatch', 0)",
                 [run.run_id])

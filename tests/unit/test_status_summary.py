@@ -48,7 +48,7 @@ def _same_summary(summed: RunView | None, full: RunView, capsys) -> str:
 def test_a_big_run_summed_in_sql_shows_what_its_rows_show(tmp_path, capsys) -> None:
     path = str(tmp_path / "l.duckdb")
     big.run(n=300, store=path, executor="inline")
-    run = big.run(n=300, salt=150, store=path, executor="inline")   # half of it cached
+    run = big.run(n=300, salt=150, store=path, executor="inline").settle()   # half cached
     st = DuckDBStore(path)
     summed = st.summarize(run.run_id, min_tasks=500)
     full = st.get_run(run.run_id, upstream=False)
@@ -58,7 +58,7 @@ def test_a_big_run_summed_in_sql_shows_what_its_rows_show(tmp_path, capsys) -> N
 
 def test_small_runs_and_unfolded_journals_are_read_row_by_row(tmp_path) -> None:
     path = str(tmp_path / "l.duckdb")
-    run = big.run(n=20, store=path, executor="inline")
+    run = big.run(n=20, store=path, executor="inline").settle()
     assert DuckDBStore(path).summarize(run.run_id, min_tasks=500) is None
     assert DuckDBStore(path).summarize(run.run_id, min_tasks=10) is not None
     unfolded = str(tmp_path / "u.duckdb")

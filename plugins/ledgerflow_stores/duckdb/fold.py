@@ -61,6 +61,9 @@ class FoldPolicy:
     #: Fold the rest when a driver releases its run (False: leave it to the next
     #: writer or ``pipeline fold``, as after a crash; for drivers that must exit fast).
     fold_at_release: bool = True
+    #: Do that fold on a thread of this process, after the release returns (see
+    #: :mod:`.behind`; ``LEDGERFLOW_FOLD_BEHIND=1``); False: before it returns.
+    behind: bool = False
     #: Seconds into a drive before the background fold first runs (None: 1 s, or
     #: ``interval`` if shorter). A shorter drive folds once, at release: on two cores
     #: folding beside the driver cost a 10,000-task chain ~20% more time than that.
@@ -75,9 +78,16 @@ class FoldPolicy:
     def from_env(cls) -> FoldPolicy:
         """The defaults, with ``LEDGERFLOW_FOLD_INTERVAL`` (seconds),
         ``LEDGERFLOW_FOLD_WAKE_BYTES`` (journal bytes that wake the background fold) and
-        ``LEDGERFLOW_FOLD_START_AFTER`` (seconds into a drive before it first runs)."""
+        ``LEDGERFLOW_FOLD_START_AFTER`` (seconds into a drive before it first runs) and
+        ``LEDGERFLOW_FOLD_BEHIND`` (``1``: a release returns before its fold)."""
         import os
         kw: dict[str, Any] = {}
+        behind = os.environ.get("LEDGERFLOW_FOLD_BEHIND", "").strip().lower()
+        if behind:
+            if behind not in ("0", "1", "false", "true", "no", "yes"):
+                raise ConfigError(f"LEDGERFLOW_FOLD_BEHIND must be 0 or 1, given: {behind!r}",
+                                  hint="unset LEDGERFLOW_FOLD_BEHIND or set it to 0 or 1")
+            kw["behind"] = behind in ("1", "true", "yes")
         for name, key, kind in (("LEDGERFLOW_FOLD_INTERVAL", "interval", float),
                                 ("LEDGERFLOW_FOLD_WAKE_BYTES", "wake_bytes", int),
                                 ("LEDGERFLOW_FOLD_START_AFTER", "start_after", float)):

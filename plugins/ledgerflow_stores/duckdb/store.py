@@ -30,10 +30,8 @@ from ledgerflow.errors import (
     JournalDamagedError,
     LeaseLostError,
     NotResumableError,
-    PipelineError,
     RunNotFoundError,
     StoreError,
-    StoreLockedError,
 )
 from ledgerflow.ledger import RecordReads, matching
 from ledgerflow.projection import apply
@@ -42,11 +40,11 @@ from ledgerflow.states import RUN_ACTIVE, RunState, TaskState
 from ledgerflow.store import CacheHit, Lease
 from ledgerflow.views import RunView, TaskRow
 
-from . import doctor, queries, summary
-from .batch import RUN_TERMINAL_VALUES
+from . import behind, doctor, queries, summary
 from .connection import Ledger
 from .decisions import Decisions
 from .fold import BackgroundFold, Fold, FoldPolicy
+from .folding import Folding
 from .journal import Journals, TailReads
 from .lease import Heartbeat, Leases
 
@@ -56,7 +54,7 @@ T = TypeVar("T")
 _ACTIVE = frozenset(s.value for s in RUN_ACTIVE)
 
 
-class DuckDBStore(RecordReads):
+class DuckDBStore(Folding, RecordReads):
     """The default ledger (see the module docstring for the design).
 
     Args:
@@ -123,6 +121,7 @@ class DuckDBStore(RecordReads):
         another driver has made stale (it took the run over since, or drove it at the
         time) is refused, so two resumes started at once never both drive the run; so is
         one of a run that succeeded, whoever read it (a read from another store object)."""
+        behind.settle(self.location, run_id)     # this process's release of it, done
         with self.ledger.connect(True) as con:
             self.folds.run(con, run_id)
             row = con.execute("SELECT token, state FROM runs WHERE run_id = ?",
@@ -180,85 +179,10 @@ class DuckDBStore(RecordReads):
             return
         if not self.policy.fold_at_release:
             self.leases.remove(lease.run_id, lease.token)
-            return
-        try:
-            self.fold_run(lease.run_id, archive_finished=True)
-        except StoreLockedError:
-            # readers add the tail, the next writer folds it; SQL users are told
-            log.warning("run %s: the ledger %s was locked by another process, so its SQL "
-                        "tables are behind the journal until the next run or resume folds "
-                        "it, or: pipeline fold --store %s", lease.run_id, self.location,
-                        self.location)
-        self.leases.remove(lease.run_id, lease.token)
-
-    def _fold_bite(self, run_id: str, max_bytes: int) -> bool:
-        # a bounded bite, then the file is free again for readers in other processes
-        waiting = self.ledger.waiting
-        if waiting.any():
-            return True         # a reader waits for the file: try again a bit later
-        with self.ledger.connect(True, timeout=0.05) as con:
-            return self.folds.run(con, run_id, max_bytes=max_bytes, yield_to=waiting.any)
-
-    def fold_run(self, run_id: str, *, max_bytes: int | None = None,
-                 archive_finished: bool = False) -> bool:
-        """Fold ``run_id``'s journal now, in bites of ``policy.bite_bytes``.
-
-        With ``max_bytes``, stop after about that much and return True if more
-        is left. With ``archive_finished``, a finished, fully folded run's
-        journal is archived (compressed).
-        """
-        budget = max_bytes
-        self.folds.states.pop(run_id, None)     # (what this call folds says the state)
-        while True:
-            bite = self.policy.bite_bytes if budget is None else min(budget,
-                                                                     self.policy.bite_bytes)
-            # each bite on a fresh connection: DuckDB keeps what it cached while a
-            # connection stays open, on top of the run's own memory
-            # readers of other processes waiting for the file get in first (a
-            # bounded wait, then at least one batch: the fold is never starved)
-            waiting = self.ledger.waiting
-            waiting.wait_gone(timeout=min(5.0, self.ledger.lock_timeout))
-            with self.ledger.connect(True) as con:
-                more = self.folds.run(con, run_id, max_bytes=bite, yield_to=waiting.any)
-                if more:
-                    if budget is not None:
-                        budget -= bite
-                        if budget <= 0:
-                            return True
-                    continue
-                state = None
-                if archive_finished:
-                    # the state this call's batches moved the run to, else the folded one
-                    state = self.folds.states.pop(run_id, None)
-                    if state is None:
-                        row = con.execute("SELECT state FROM runs WHERE run_id = ?",
-                                          [run_id]).fetchone()
-                        state = row[0] if row else None
-            if state in RUN_TERMINAL_VALUES:
-                # fully folded and finished: compressed (after the file is left free),
-                # kept for repair
-                self.journals.archive_soon(run_id)
-            return False
-
-    def fold(self) -> list[str]:
-        """Fold every journal whose driver is gone into the file now; return their runs."""
-        done = []
-        for run_id in sorted(self.journals.runs()):
-            if not self.driver_alive(run_id):
-                self.fold_run(run_id, archive_finished=True)
-                done.append(run_id)
-        return done
-
-    def recover(self) -> None:
-        """Fold what drivers that stopped (killed) left unfolded, so the tables (and the
-        cache index, lineage, users' SQL) are current. Called by commands that write."""
-        try:
-            self.fold()
-        except PipelineError:
-            raise
-        except OSError as exc:
-            raise StoreError(f"cannot fold the journals of {self.location}: {exc}",
-                             hint="check the ledger folder's permissions") from None
+        elif self.policy.behind:     # the run is durable: its tables catch up behind it
+            behind.start(self.location, lease.run_id, lambda: self._fold_released(lease))
+        else:
+            self._fold_released(lease)
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[None]:
@@ -274,6 +198,7 @@ class DuckDBStore(RecordReads):
     def repair(self) -> tuple[str, list[str]]:
         """Rebuild the tables from the journals; return where the old file is kept and
         what was cut."""
+        self.settle()
         return doctor.rebuild(self)
 
     def _heal(self, killed: list[int]) -> None:
@@ -438,6 +363,8 @@ class DuckDBStore(RecordReads):
     # -- the shared read side's primitives (see :class:`ledgerflow.ledger.RecordReads`) ---
     def _cache_read(self, names: list[str], exclude_run: str | None,
                     limit: int | None) -> dict[str, CacheHit] | set[str]:
+        # the index is the tables': what this process's runs left behind goes in first
+        behind.settle(self.location)
         with self.ledger.connect(False) as con:
             return queries.CACHED.read(con, names, exclude_run, limit)
 

@@ -132,6 +132,8 @@ def finish(run: api.Run, as_json: bool) -> None:
         if view.state != RunState.SUCCEEDED:
             out(f"resume:  pipeline resume {view.run_id}"
                 + ("   (once the approvals are decided)" if waiting else ""))
+    sys.stdout.flush()
+    run.settle()    # the command ends with the ledger's tables holding the run (for SQL)
     sys.exit(0 if view.state == RunState.SUCCEEDED else 3 if waiting else 1)
 
 

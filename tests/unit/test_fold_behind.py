@@ -1,0 +1,161 @@
+"""A released run's fold happens behind its return: the run is durable and readable at
+once, its SQL tables catch up on a thread the interpreter waits for at exit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import duckdb
+import pytest
+
+import ledgerflow
+from ledgerflow import pipeline, task
+from ledgerflow_stores.duckdb import DuckDBStore, FoldPolicy, behind
+from ledgerflow_stores.duckdb.connection import process_lock
+from ledgerflow_stores.duckdb.journal import Journals
+
+ROOT = Path(__file__).resolve().parents[2]
+BEHIND = FoldPolicy(behind=True)
+
+
+@task
+def one(i: int) -> int:
+    return i * 2
+
+
+@task
+def sometimes(i: int, flag: str) -> int:
+    if not Path(flag).exists():
+        raise ValueError("not yet")
+    return i
+
+
+@pipeline
+def few(n: int):
+    return one.map(list(range(n)))
+
+
+@pipeline
+def flaky(flag: str):
+    return sometimes(1, flag)
+
+
+def _table_tasks(path: Path, run_id: str) -> list[tuple[str, str]]:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return con.execute("SELECT task_key, state FROM tasks WHERE run_id = ? "
+                           "ORDER BY task_key", [run_id]).fetchall()
+    finally:
+        con.close()
+
+
+def test_a_run_returns_before_its_fold_and_settle_waits_for_it(tmp_path: Path) -> None:
+    path = tmp_path / "l.duckdb"
+    st = DuckDBStore(str(path), policy=BEHIND)
+    few.run(n=1, store=st, executor="inline").settle()     # the file exists
+    lock = process_lock(st.location)
+    with lock:      # this thread holds the file: a fold on another thread must wait
+        run = few.run(n=3, store=st, executor="inline")
+        assert run.state == "succeeded"
+        assert _table_tasks(path, run.run_id) == []        # not folded yet...
+        assert {t.state for t in run.status().tasks.values()} == {"succeeded"}  # ...read
+        assert run.result() == [0, 2, 4]
+    run.settle()
+    assert _table_tasks(path, run.run_id) == [(f"one[{i}]", "succeeded") for i in range(3)]
+    assert st.journals.archived(run.run_id)        # and its journal was archived after
+
+
+def test_with_the_fold_before_return_the_tables_hold_the_run_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "l.duckdb"
+    st = DuckDBStore(str(path), policy=FoldPolicy(behind=False))
+    few.run(n=1, store=st, executor="inline")
+    with process_lock(st.location):     # (reentrant: the fold runs on this thread)
+        run = few.run(n=2, store=st, executor="inline")
+        assert len(_table_tasks(path, run.run_id)) == 2
+
+
+def test_a_process_that_exits_right_after_its_run_leaves_the_tables_current(
+        tmp_path: Path) -> None:
+    path = tmp_path / "l.duckdb"
+    script = ("import sys\n"
+              "from tests.unit.test_fold_behind import few\n"
+              "print(few.run(n=4, store=sys.argv[1], executor='inline').run_id)\n")
+    env = {**os.environ, "LEDGERFLOW_FOLD_BEHIND": "1", "PYTHONPATH": os.pathsep.join(
+        [str(ROOT), str(ROOT / "sdk"), str(ROOT / "plugins")])}
+    out = subprocess.run([sys.executable, "-c", script, str(path)], env=env, cwd=ROOT,
+                         capture_output=True, text=True, check=True)
+    run_id = out.stdout.split()[-1]
+    assert len(_table_tasks(path, run_id)) == 4
+    assert not list((Path(str(path) + ".d") / "runs").glob(f"{run_id}/lease"))
+
+
+def test_a_resume_right_after_a_failed_run_waits_for_its_fold(tmp_path: Path) -> None:
+    st = DuckDBStore(str(tmp_path / "l.duckdb"), policy=BEHIND)
+    flag = tmp_path / "flag"
+    few.run(n=1, store=st, executor="inline").settle()
+    # the fold behind the failed run drops its lease only once the takeover is over (or
+    # after a bounded wait): a takeover that did not wait for that fold finds the lease
+    taken = threading.Event()
+    drop, take = st.leases.remove, st.take_over
+
+    def late_remove(run_id: str, token: int) -> None:
+        taken.wait(3)
+        drop(run_id, token)
+
+    def take_over(run_id: str):  # type: ignore[no-untyped-def]
+        try:
+            return take(run_id)
+        finally:
+            taken.set()
+    st.leases.remove = late_remove  # type: ignore[method-assign]
+    st.take_over = take_over  # type: ignore[method-assign]
+    run = flaky.run(flag=str(flag), store=st, executor="inline")
+    assert run.state == "failed"
+    flag.write_text("ok")
+    again = ledgerflow.resume(run.run_id, store=st, pipeline=flaky, executor="inline")
+    assert again.state == "succeeded"   # not "still being driven by pid <this one>"
+
+
+def test_settle_from_a_fold_behinds_own_thread_waits_for_none(tmp_path: Path) -> None:
+    seen: list[bool] = []
+    done = threading.Event()
+
+    def work() -> None:
+        behind.settle("somewhere", "r1")      # its own thread: returns at once
+        seen.append(True)
+        done.set()
+    behind.start("somewhere", "r1", work)
+    assert done.wait(60)
+    behind.settle("somewhere")
+    assert seen == [True]
+
+
+def test_an_archive_leaves_a_later_drivers_segment_live(tmp_path: Path) -> None:
+    journals = Journals(tmp_path / "journals")
+    journals.folder.mkdir()
+    for token in (1, 2):
+        journals.path("r", token).write_bytes(b"x\n")
+    journals.archive("r", upto=1)
+    assert [t for t, _ in journals.archived("r")] == [1]
+    assert [t for t, _ in journals.segments("r")] == [2]
+
+
+def test_a_bad_fold_behind_setting_is_refused(tmp_path: Path) -> None:
+    env = {**os.environ, "LEDGERFLOW_FOLD_BEHIND": "sometimes"}
+    out = subprocess.run([sys.executable, "-m", "ledgerflow", "runs", "--store",
+                          str(tmp_path / "l.duckdb")], env=env, capture_output=True,
+                         text=True, cwd=ROOT)
+    assert out.returncode == 2, out.stderr
+    assert "LEDGERFLOW_FOLD_BEHIND must be 0 or 1" in out.stderr
+    assert not (tmp_path / "l.duckdb").exists()
+
+
+@pytest.mark.parametrize("value, behind_", [("0", False), ("1", True), ("", False)])
+def test_the_fold_behind_setting(monkeypatch: pytest.MonkeyPatch, value: str,
+                                 behind_: bool) -> None:
+    monkeypatch.setenv("LEDGERFLOW_FOLD_BEHIND", value)
+    assert FoldPolicy.from_env().behind is behind_
