@@ -133,8 +133,8 @@ def resume(run_id: str, *, store: StoreArg = None, executor: object = None,
     st = store_for(settings, store)
     st.recover()        # what killed drivers left reaches the tables (and the cache)
     settle = getattr(st, "settle", None)
-    if settle is not None:      # what this process's own drive of it left, folded first
-        settle(run_id)          # (outside the read block, which holds the file)
+    if settle is not None:      # what this process's drives left, folded first (outside
+        settle()                # the read blocks, which hold the file; the cache's too)
     with reading(st):   # one connection: the run as the resume starts from it
         if view is None or view.run_id != run_id or not (view.tasks or view.settled):
             # its rows are the runner's prior rows (see continue_run); a frontier read

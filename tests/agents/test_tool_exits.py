@@ -62,7 +62,7 @@ def test_a_tool_that_exits_is_an_error_the_model_reads_without_the_key(
         return ask("run it")
 
     ledger = tmp_path / "ledger.duckdb"
-    run = flow.run(store=str(ledger))
+    run = flow.run(store=str(ledger)).settle()   # (its file is read byte by byte)
     assert run.status().state == "succeeded" and run.result() == "the flag was wrong"
     (call,) = run.tool_calls()
     assert call["outcome"] == "error" and call["error"].startswith("SystemExit: usage")
@@ -87,7 +87,7 @@ def test_a_base_exception_from_a_tool_fails_the_attempt_without_the_key(
         return ask("run it")
 
     ledger = tmp_path / "ledger.duckdb"
-    run = flow.run(store=str(ledger), executor="threads")
+    run = flow.run(store=str(ledger), executor="threads").settle()
     task = run.status().tasks["ask"]
     assert task.state == "failed" and f"[redacted {ALIAS}]" in (task.error or "")
     _nowhere(ledger, json.dumps(mock.requests, default=str),

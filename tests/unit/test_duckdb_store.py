@@ -192,7 +192,7 @@ def test_a_reading_block_opens_the_ledger_once(tmp_path, monkeypatch) -> None:
 
 def test_a_write_inside_a_reading_block_reopens_for_the_reads_after_it(tmp_path) -> None:
     path = str(tmp_path / "l.duckdb")
-    run = fan.run(n=5, store=path, executor="inline")
+    run = fan.run(n=5, store=path, executor="inline").settle()
     st = DuckDBStore(path)
     with st.reading():
         before = st.get_run(run.run_id, tasks=False)

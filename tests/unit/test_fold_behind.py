@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -15,7 +16,6 @@ import pytest
 import ledgerflow
 from ledgerflow import pipeline, task
 from ledgerflow_stores.duckdb import DuckDBStore, FoldPolicy, behind
-from ledgerflow_stores.duckdb.connection import process_lock
 from ledgerflow_stores.duckdb.journal import Journals
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,29 +53,45 @@ def _table_tasks(path: Path, run_id: str) -> list[tuple[str, str]]:
         con.close()
 
 
-def test_a_run_returns_before_its_fold_and_settle_waits_for_it(tmp_path: Path) -> None:
+@pytest.fixture
+def gate(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Held shut, a released run's fold waits for it (a bounded wait: a fold done before
+    the release returns would hold the run that long, and show it)."""
+    shut = threading.Event()
+    real = DuckDBStore._fold_released
+
+    def gated(self: DuckDBStore, lease: Any) -> None:
+        shut.wait(20)
+        real(self, lease)
+    monkeypatch.setattr(DuckDBStore, "_fold_released", gated)
+    return shut
+
+
+def test_a_run_returns_before_its_fold_and_settle_waits_for_it(
+        tmp_path: Path, gate: threading.Event) -> None:
     path = tmp_path / "l.duckdb"
     st = DuckDBStore(str(path), policy=BEHIND)
+    gate.set()
     few.run(n=1, store=st, executor="inline").settle()     # the file exists
-    lock = process_lock(st.location)
-    with lock:      # this thread holds the file: a fold on another thread must wait
-        run = few.run(n=3, store=st, executor="inline")
-        assert run.state == "succeeded"
-        assert _table_tasks(path, run.run_id) == []        # not folded yet...
-        assert {t.state for t in run.status().tasks.values()} == {"succeeded"}  # ...read
-        assert run.result() == [0, 2, 4]
+    gate.clear()
+    run = few.run(n=3, store=st, executor="inline")
+    assert run.state == "succeeded"
+    assert _table_tasks(path, run.run_id) == []        # not folded yet...
+    assert {t.state for t in run.status().tasks.values()} == {"succeeded"}  # ...but read
+    assert run.result() == [0, 2, 4]
+    gate.set()
     run.settle()
     assert _table_tasks(path, run.run_id) == [(f"one[{i}]", "succeeded") for i in range(3)]
     assert st.journals.archived(run.run_id)        # and its journal was archived after
 
 
-def test_with_the_fold_before_return_the_tables_hold_the_run_at_once(tmp_path: Path) -> None:
+def test_with_the_fold_before_return_the_tables_hold_the_run_at_once(
+        tmp_path: Path, gate: threading.Event) -> None:
+    gate.set()
     path = tmp_path / "l.duckdb"
     st = DuckDBStore(str(path), policy=FoldPolicy(behind=False))
-    few.run(n=1, store=st, executor="inline")
-    with process_lock(st.location):     # (reentrant: the fold runs on this thread)
-        run = few.run(n=2, store=st, executor="inline")
-        assert len(_table_tasks(path, run.run_id)) == 2
+    run = few.run(n=2, store=st, executor="inline")
+    assert len(_table_tasks(path, run.run_id)) == 2      # at once, no settle
 
 
 def test_a_process_that_exits_right_after_its_run_leaves_the_tables_current(
@@ -120,6 +136,22 @@ def test_a_resume_right_after_a_failed_run_waits_for_its_fold(tmp_path: Path) ->
     assert again.state == "succeeded"   # not "still being driven by pid <this one>"
 
 
+def test_a_cache_lookup_in_a_read_block_does_not_wait_for_a_fold_that_needs_the_file(
+        tmp_path: Path, gate: threading.Event) -> None:
+    from ledgerflow.store import reading
+    st = DuckDBStore(str(tmp_path / "l.duckdb"), policy=BEHIND)
+    gate.set()
+    first = few.run(n=2, store=st, executor="inline").settle()
+    gate.clear()
+    run = few.run(n=3, store=st, executor="inline")
+    with reading(st):       # holds the file for this thread: the fold behind waits for it
+        gate.set()
+        hits = st.cache_lookup(["one"])        # returns (the fold cannot go first)
+        assert {h[0] for h in hits.values()} == {first.run_id}
+    run.settle()
+    assert run.run_id in {h[0] for h in st.cache_lookup(["one"]).values()}   # now in
+
+
 def test_settle_from_a_fold_behinds_own_thread_waits_for_none(tmp_path: Path) -> None:
     seen: list[bool] = []
     done = threading.Event()
@@ -154,8 +186,18 @@ def test_a_bad_fold_behind_setting_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "l.duckdb").exists()
 
 
-@pytest.mark.parametrize("value, behind_", [("0", False), ("1", True), ("", False)])
+@pytest.mark.parametrize("value, behind_", [("0", False), ("1", True), ("", True)])
 def test_the_fold_behind_setting(monkeypatch: pytest.MonkeyPatch, value: str,
                                  behind_: bool) -> None:
     monkeypatch.setenv("LEDGERFLOW_FOLD_BEHIND", value)
     assert FoldPolicy.from_env().behind is behind_
+
+
+def test_a_release_within_a_read_block_folds_before_it_returns(tmp_path: Path) -> None:
+    from ledgerflow.store import reading
+    st = DuckDBStore(str(tmp_path / "l.duckdb"), policy=BEHIND)
+    run = flaky.run(flag=str(tmp_path / "flag"), store=st, executor="inline").settle()
+    with reading(st):       # this thread holds the file: a fold behind could not get it
+        st.release(st.take_over(run.run_id))
+        st.release(st.take_over(run.run_id))    # its lease went with that fold, here
+    assert st.get_run(run.run_id, tasks=False).driver_alive is False

@@ -268,7 +268,7 @@ def test_cancel_starts_nothing_new_and_waits_for_confirmation(tmp_path: Path, le
 
 
 def _events_of(run: ledgerflow.Run, key: str) -> list[tuple[str, str]]:
-    store = run.store
+    store = run.settle().store      # (its tables read as SQL)
     with store.ledger.connect(False) as con:   # the ledger's own event log
         assert con is not None
         rows = con.execute("SELECT from_state, to_state FROM events WHERE run_id = ? AND "

@@ -3,7 +3,7 @@ caller goes on.
 
 A run is durable once its journal is written; the fold only brings the SQL
 tables up to date (readers through ledgerflow add the unfolded tail). So with
-``FoldPolicy.behind`` (``LEDGERFLOW_FOLD_BEHIND=1``; off by default for now)
+``FoldPolicy.behind`` (the default; ``LEDGERFLOW_FOLD_BEHIND=0`` turns it off)
 :meth:`DuckDBStore.release` hands the fold of the run's tail to a thread and
 returns: a 1,000-task run returns in ~20 ms instead of ~100 (a fold costs
 ~40 ms however small, most of it DuckDB's checkpoint and statement planning).
@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger("ledgerflow")
 
@@ -47,9 +48,12 @@ def start(location: str, run_id: str, work: Callable[[], None]) -> None:
     thread.start()
 
 
-def settle(location: str, run_id: str | None = None) -> None:
+def settle(location: str, run_id: str | None = None, held: Any = None) -> None:
     """Wait for the folds this process left behind in ``location`` (of ``run_id``, or of
-    every run); from such a fold's own thread, wait for none."""
+    every run); from such a fold's own thread, or while this thread holds ``held`` (the
+    file's process lock, which the fold needs: a read block), wait for none."""
+    if held is not None and held._is_owned():
+        return
     me = threading.current_thread()
     with _GUARD:
         keys = [k for k in _BEHIND if k[0] == location and run_id in (None, k[1])]

@@ -211,6 +211,11 @@ class Ledger:
         #: threads in a :meth:`reading` block, and the read connection each keeps
         self._kept: dict[int, Any] = {}
 
+    def held(self) -> bool:
+        """True if this thread holds the file's process lock (a read block, a connection)."""
+        lock: Any = self.lock     # (threading's RLock says so only to its Condition)
+        return bool(lock._is_owned())
+
     @contextlib.contextmanager
     def reading(self) -> Iterator[None]:
         """Keep one read connection for every read of this thread in the block.

@@ -62,8 +62,8 @@ class FoldPolicy:
     #: writer or ``pipeline fold``, as after a crash; for drivers that must exit fast).
     fold_at_release: bool = True
     #: Do that fold on a thread of this process, after the release returns (see
-    #: :mod:`.behind`; ``LEDGERFLOW_FOLD_BEHIND=1``); False: before it returns.
-    behind: bool = False
+    #: :mod:`.behind`); False (``LEDGERFLOW_FOLD_BEHIND=0``): before it returns.
+    behind: bool = True
     #: Seconds into a drive before the background fold first runs (None: 1 s, or
     #: ``interval`` if shorter). A shorter drive folds once, at release: on two cores
     #: folding beside the driver cost a 10,000-task chain ~20% more time than that.
@@ -79,7 +79,7 @@ class FoldPolicy:
         """The defaults, with ``LEDGERFLOW_FOLD_INTERVAL`` (seconds),
         ``LEDGERFLOW_FOLD_WAKE_BYTES`` (journal bytes that wake the background fold) and
         ``LEDGERFLOW_FOLD_START_AFTER`` (seconds into a drive before it first runs) and
-        ``LEDGERFLOW_FOLD_BEHIND`` (``1``: a release returns before its fold)."""
+        ``LEDGERFLOW_FOLD_BEHIND`` (``0``: a release folds before it returns)."""
         import os
         kw: dict[str, Any] = {}
         behind = os.environ.get("LEDGERFLOW_FOLD_BEHIND", "").strip().lower()

@@ -52,7 +52,7 @@ class Folding:
     def settle(self, run_id: str | None = None) -> None:
         """Wait until the tables hold what this process committed (of ``run_id``, or of
         every run): the folds its releases left behind (:mod:`.behind`), the archiving."""
-        behind.settle(self.location, run_id)
+        behind.settle(self.location, run_id, self.ledger.lock)
         self.journals.settle(run_id)
 
     def _fold_bite(self, run_id: str, max_bytes: int) -> bool:
