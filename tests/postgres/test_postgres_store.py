@@ -253,7 +253,7 @@ def test_runs_cache_and_resume_on_postgres(pg_url: str) -> None:
 def test_tables_have_the_duckdb_stores_names_and_columns(pg_url: str, tmp_path: Path) -> None:
     import duckdb
     sums.run(n=2, store=pg_url)
-    sums.run(n=2, store=str(tmp_path / "l.duckdb"))
+    sums.run(n=2, store=str(tmp_path / "l.duckdb")).settle()    # (then read as plain SQL)
     con = duckdb.connect(str(tmp_path / "l.duckdb"), read_only=True)
     duck: dict[str, list[str]] = {}
     for table, column in con.execute(

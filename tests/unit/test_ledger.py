@@ -85,7 +85,7 @@ def test_arrow_and_pandas_results_are_columnar_and_queryable(ledger: str) -> Non
     def p():
         return frame(table())
 
-    run = p.run(store=ledger, executor="threads")
+    run = p.run(store=ledger, executor="threads").settle()     # (SQL on its file below)
     assert list(run.result()["twice"]) == [2, 4]          # the value itself, in process
     out = ledgerflow.get_run(run.run_id, store=ledger).result()   # read back from the ledger
     assert isinstance(out, pa.Table) and out.column("twice").to_pylist() == [2, 4]
