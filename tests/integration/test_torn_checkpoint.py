@@ -159,3 +159,42 @@ def test_two_commands_that_find_it_torn_at_once_rebuild_it_once(torn) -> None:
     assert sum("rebuilt from the journals" in err for _, err in outs) == 1
     kept = [p for p in Path(ledger).parent.iterdir() if ".broken-" in p.name]
     assert len(kept) == 1 and kept[0].read_bytes() == saved
+
+
+def test_a_command_that_found_it_torn_after_another_rebuilt_it_opens_the_new_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other process rebuilt the file and forgot the killed writer's marker between
+    this one's failed open and its look for markers: this one opens the rebuilt file,
+    it does not call it damage."""
+    from ledgerflow.errors import DamagedLedgerError
+    from ledgerflow_stores.duckdb.connection import Ledger
+
+    ledger = Ledger(str(tmp_path / "l.duckdb"), 5.0, heal=lambda pids: None)
+    assert ledger.writers is not None
+    ledger.writers.folder.mkdir(parents=True)
+    (ledger.writers.folder / "heal.lock").touch()     # the other process's heal took it
+    opens: list[bool] = []
+
+    def open_waiting(write: bool, timeout: float) -> str:
+        opens.append(write)
+        if len(opens) == 1:         # torn when this process looked, rebuilt since
+            raise DamagedLedgerError("ledger is damaged: Corrupt database file")
+        return "the rebuilt file"
+    monkeypatch.setattr(ledger, "_open_waiting", open_waiting)
+    assert ledger._open_healing(False, 5.0) == "the rebuilt file"
+    assert opens == [False, False]
+
+
+def test_damage_with_no_killed_writer_and_no_heal_ever_is_refused_untouched(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ledgerflow.errors import DamagedLedgerError
+    from ledgerflow_stores.duckdb.connection import Ledger
+
+    ledger = Ledger(str(tmp_path / "l.duckdb"), 5.0, heal=lambda pids: None)
+
+    def open_waiting(write: bool, timeout: float) -> str:
+        raise DamagedLedgerError("ledger is damaged: Corrupt database file")
+    monkeypatch.setattr(ledger, "_open_waiting", open_waiting)
+    with pytest.raises(DamagedLedgerError):
+        ledger._open_healing(False, 5.0)
+    assert not (tmp_path / "l.duckdb.d").exists()      # no heal lock made for bad input

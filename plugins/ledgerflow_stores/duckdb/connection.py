@@ -308,7 +308,9 @@ class Ledger:
         except DamagedLedgerError:
             if self.heal is None or self.writers is None or self._healing:
                 raise
-            if not self.writers.killed():
+            # no killed writer's marker: damage, unless another process rebuilt the file
+            # since this open failed (it forgot the markers then): open it once more
+            if not self.writers.killed() and not self.writers.ever_healed():
                 raise
         with self.writers.healing():
             try:

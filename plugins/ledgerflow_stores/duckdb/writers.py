@@ -78,6 +78,10 @@ class Writers:
         finally:
             os.close(fd)
 
+    def ever_healed(self) -> bool:
+        """True if a process took the heal lock of this file (made with the first heal)."""
+        return (self.folder / "heal.lock").exists()
+
     def forget(self, pids: list[int]) -> None:
         """Remove the markers of killed writers ``pids`` (the file was found whole, or
         rebuilt)."""
