@@ -6,8 +6,9 @@ never keeps the file open: it appends each group commit as one line to a
 per-run journal (:mod:`.journal`; that append is the durability point) and
 folds journals into the tables in set-based batches (:mod:`.fold`), opening
 the file only for the fold: a background thread folds while the run goes
-on, and the tail is folded at release, behind the run's return (:mod:`.behind`). Readers in any process open the
-file read-only for a moment and add the unfolded journal tail
+on, and the tail is folded at release, behind the run's return
+(:mod:`.behind`). Readers in any process open the file read-only for a
+moment and add the unfolded journal tail
 (:func:`ledgerflow.projection.apply`), so ``status``, ``runs`` and ``cancel``
 work while a run is active. Leases and cancel requests are files
 (:mod:`.lease`), large results content-addressed files (:mod:`ledgerflow.blobs`); the reads are
