@@ -55,13 +55,15 @@ def _table_tasks(path: Path, run_id: str) -> list[tuple[str, str]]:
 
 @pytest.fixture
 def gate(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
-    """Held shut, a released run's fold waits for it (a bounded wait: a fold done before
-    the release returns would hold the run that long, and show it)."""
+    """Held shut, a fold behind a release waits for it to open; a fold on the thread
+    that released (not behind) goes on at once, so the test shows it, never hangs."""
     shut = threading.Event()
+    caller = threading.current_thread()
     real = DuckDBStore._fold_released
 
     def gated(self: DuckDBStore, lease: Any) -> None:
-        shut.wait(20)
+        if threading.current_thread() is not caller:
+            shut.wait()
         real(self, lease)
     monkeypatch.setattr(DuckDBStore, "_fold_released", gated)
     return shut
@@ -109,31 +111,29 @@ def test_a_process_that_exits_right_after_its_run_leaves_the_tables_current(
     assert not list((Path(str(path) + ".d") / "runs").glob(f"{run_id}/lease"))
 
 
-def test_a_resume_right_after_a_failed_run_waits_for_its_fold(tmp_path: Path) -> None:
+def test_a_takeover_right_after_a_failed_run_waits_for_its_fold(
+        tmp_path: Path, gate: threading.Event, monkeypatch: pytest.MonkeyPatch) -> None:
     st = DuckDBStore(str(tmp_path / "l.duckdb"), policy=BEHIND)
     flag = tmp_path / "flag"
+    gate.set()
     few.run(n=1, store=st, executor="inline").settle()
-    # the fold behind the failed run drops its lease only once the takeover is over (or
-    # after a bounded wait): a takeover that did not wait for that fold finds the lease
-    taken = threading.Event()
-    drop, take = st.leases.remove, st.take_over
-
-    def late_remove(run_id: str, token: int) -> None:
-        taken.wait(3)
-        drop(run_id, token)
-
-    def take_over(run_id: str):  # type: ignore[no-untyped-def]
-        try:
-            return take(run_id)
-        finally:
-            taken.set()
-    st.leases.remove = late_remove  # type: ignore[method-assign]
-    st.take_over = take_over  # type: ignore[method-assign]
+    gate.clear()
     run = flaky.run(flag=str(flag), store=st, executor="inline")
-    assert run.state == "failed"
+    assert run.state == "failed"        # its fold (and the lease's removal) held back
+    real = behind.settle
+
+    def settle(location: str, run_id: str | None = None) -> None:
+        gate.set()          # a wait for the fold lets it go, then waits for it
+        real(location, run_id)
+    monkeypatch.setattr(behind, "settle", settle)
+    try:
+        lease = st.take_over(run.run_id)    # not "still being driven by pid <this one>"
+    finally:
+        gate.set()
+    st.release(lease)
     flag.write_text("ok")
     again = ledgerflow.resume(run.run_id, store=st, pipeline=flaky, executor="inline")
-    assert again.state == "succeeded"   # not "still being driven by pid <this one>"
+    assert again.state == "succeeded"
 
 
 def test_a_cache_lookup_in_a_read_block_does_not_wait_for_a_fold_that_needs_the_file(
@@ -154,16 +154,13 @@ def test_a_cache_lookup_in_a_read_block_does_not_wait_for_a_fold_that_needs_the_
 
 def test_settle_from_a_fold_behinds_own_thread_waits_for_none(tmp_path: Path) -> None:
     seen: list[bool] = []
-    done = threading.Event()
 
     def work() -> None:
         behind.settle("somewhere", "r1")      # its own thread: returns at once
         seen.append(True)
-        done.set()
     behind.start("somewhere", "r1", work)
-    assert done.wait(60)
     behind.settle("somewhere")
-    assert seen == [True]
+    assert seen == [True]       # (a thread that joined itself would have raised first)
 
 
 def test_an_archive_leaves_a_later_drivers_segment_live(tmp_path: Path) -> None:

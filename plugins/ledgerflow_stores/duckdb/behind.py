@@ -18,22 +18,19 @@ process killed first leaves the journal, which the next writer folds.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
-from typing import Any
+
+from .threads import RunThreads
 
 log = logging.getLogger("ledgerflow")
 
-#: (ledger location, run id) -> the thread folding what the run's release left
-_BEHIND: dict[tuple[str, str], threading.Thread] = {}
-_GUARD = threading.Lock()
+#: the threads folding what runs' releases left, by ledger location and run
+_BEHIND = RunThreads("fold-behind")
 
 
 def start(location: str, run_id: str, work: Callable[[], None]) -> None:
     """Run ``work`` (the fold of ``run_id``'s tail, then the lease's removal) on a
     thread of its own; an earlier one of the same run is waited for first."""
-    settle(location, run_id)
-
     def body() -> None:
         try:
             work()
@@ -41,29 +38,10 @@ def start(location: str, run_id: str, work: Callable[[], None]) -> None:
             log.warning("run %s: folding its journal into %s failed (%s); readers add "
                         "the journal, and the next run, resume or pipeline fold folds it",
                         run_id, location, exc)
-
-    thread = threading.Thread(target=body, name=f"ledgerflow-fold-behind-{run_id}")
-    with _GUARD:
-        _BEHIND[(location, run_id)] = thread
-    thread.start()
+    _BEHIND.start(location, run_id, body)
 
 
-def settle(location: str, run_id: str | None = None, held: Any = None) -> None:
+def settle(location: str, run_id: str | None = None) -> None:
     """Wait for the folds this process left behind in ``location`` (of ``run_id``, or of
-    every run); from such a fold's own thread, or while this thread holds ``held`` (the
-    file's process lock, which the fold needs: a read block), wait for none."""
-    if held is not None and held._is_owned():
-        return
-    me = threading.current_thread()
-    with _GUARD:
-        keys = [k for k in _BEHIND if k[0] == location and run_id in (None, k[1])]
-    for key in keys:
-        with _GUARD:
-            thread = _BEHIND.get(key)
-        if thread is None or thread is me:
-            continue
-        thread.join()
-        with _GUARD:
-            if _BEHIND.get(key) is thread:
-                del _BEHIND[key]
-
+    every run); from such a fold's own thread, wait for none."""
+    _BEHIND.wait(location, run_id)

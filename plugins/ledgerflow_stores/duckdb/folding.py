@@ -52,8 +52,15 @@ class Folding:
     def settle(self, run_id: str | None = None) -> None:
         """Wait until the tables hold what this process committed (of ``run_id``, or of
         every run): the folds its releases left behind (:mod:`.behind`), the archiving."""
-        behind.settle(self.location, run_id, self.ledger.lock)
+        self._folded_behind(run_id)
         self.journals.settle(run_id)
+
+    def _folded_behind(self, run_id: str | None = None) -> None:
+        """Wait for the folds this process's releases left behind (of ``run_id``, or of
+        every run); from a thread that holds the file (a read block), for none: the fold
+        needs the file (and the block's reads add the journal tail)."""
+        if not self.ledger.held():
+            behind.settle(self.location, run_id)
 
     def _fold_bite(self, run_id: str, max_bytes: int) -> bool:
         # a bounded bite, then the file is free again for readers in other processes

@@ -35,11 +35,12 @@ import msgspec
 from ledgerflow import private
 from ledgerflow.records import AnyRecord, ApprovalDecided, Record, decode_line, encode_line
 
+from .threads import RunThreads
+
 log = logging.getLogger("ledgerflow")
 #: (journal folder, run_id) -> the thread archiving the run's segments, for every
 #: ledger of this process (see :meth:`Journals.archive_soon`)
-_ARCHIVING: dict[tuple[Path, str], threading.Thread] = {}
-_ARCHIVING_GUARD = threading.Lock()
+_ARCHIVING = RunThreads("archive")
 _TAB = b"\t"
 #: why a line without a checksum that holds an approval decision is damage
 UNCHECKED_DECISION = "an approval decision without its checksum (not written by ledgerflow)"
@@ -151,8 +152,7 @@ class Journals:
         if not self.folder.is_dir():
             return set()
         live = {f.name.rsplit(".", 2)[0] for f in self.folder.glob("*.jsonl")}
-        return live - {rid for (folder, rid), thread in list(_ARCHIVING.items())
-                       if folder == self.folder and thread.is_alive()}
+        return live - _ARCHIVING.running(str(self.folder))
 
     def all_runs(self) -> set[str]:
         """Run ids with any segment, archived ones included."""
@@ -232,26 +232,12 @@ class Journals:
             except OSError as exc:
                 log.warning("could not archive the journal of run %s (%s); the next fold "
                             "archives it", run_id, exc)
-        thread = threading.Thread(target=work, name=f"ledgerflow-archive-{run_id}")
-        self.settle(run_id)
-        with _ARCHIVING_GUARD:      # (started as it is listed: a settle joins it at once)
-            _ARCHIVING[(self.folder, run_id)] = thread
-            thread.start()
+        _ARCHIVING.start(str(self.folder), run_id, work)
 
     def settle(self, run_id: str | None = None) -> None:
         """Wait for the archiving of ``run_id`` (None: of every run) that this process
         began in this folder."""
-        keys = [(self.folder, run_id)] if run_id is not None else [
-            k for k in list(_ARCHIVING) if k[0] == self.folder]
-        for key in keys:
-            with _ARCHIVING_GUARD:
-                thread = _ARCHIVING.get(key)
-            if thread is None or thread is threading.current_thread():
-                continue
-            thread.join()
-            with _ARCHIVING_GUARD:
-                if _ARCHIVING.get(key) is thread:
-                    del _ARCHIVING[key]
+        _ARCHIVING.wait(str(self.folder), run_id)
 
     def archive(self, run_id: str, upto: int | None = None) -> None:
         """Compress the live segments of a finished, folded run (atomically each); with

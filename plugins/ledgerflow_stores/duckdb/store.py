@@ -122,7 +122,7 @@ class DuckDBStore(Folding, RecordReads):
         another driver has made stale (it took the run over since, or drove it at the
         time) is refused, so two resumes started at once never both drive the run; so is
         one of a run that succeeded, whoever read it (a read from another store object)."""
-        behind.settle(self.location, run_id, self.ledger.lock)   # this process's release, done
+        self._folded_behind(run_id)     # this process's release of it, done
         with self.ledger.connect(True) as con:
             self.folds.run(con, run_id)
             row = con.execute("SELECT token, state FROM runs WHERE run_id = ?",
@@ -301,7 +301,7 @@ class DuckDBStore(Folding, RecordReads):
         it leaves out: the successes whose result is in their row, which a resume
         keeps (``resume --plan`` of a big run). None when only a full read answers
         right (a journal not folded yet, damage, a run the tables do not hold)."""
-        behind.settle(self.location, run_id, self.ledger.lock)   # (its release's fold)
+        self._folded_behind(run_id)     # (its release's fold)
         def count_settled(con: Any, view: RunView) -> tuple[RunView, int]:
             return view, int(con.execute(f"SELECT count(*) FROM tasks WHERE run_id = ? "
                                          f"AND {queries.SETTLED}", [run_id]).fetchone()[0])
@@ -312,7 +312,7 @@ class DuckDBStore(Folding, RecordReads):
         only the keys of the successes it keeps (``RunView.settled``; their rows are
         read by :meth:`task_rows` when a task that runs needs them). None when only a
         full read answers right."""
-        behind.settle(self.location, run_id, self.ledger.lock)   # (its release's fold)
+        self._folded_behind(run_id)     # (its release's fold)
         def keys(con: Any, view: RunView) -> RunView:
             view.settled = queries.settled_keys(con, run_id)
             view.signals = queries.has_signals(con, run_id)
@@ -369,7 +369,7 @@ class DuckDBStore(Folding, RecordReads):
     def _cache_read(self, names: list[str], exclude_run: str | None,
                     limit: int | None) -> dict[str, CacheHit] | set[str]:
         # the index is the tables': what this process's runs left behind goes in first
-        behind.settle(self.location, held=self.ledger.lock)
+        self._folded_behind()
         with self.ledger.connect(False) as con:
             return queries.CACHED.read(con, names, exclude_run, limit)
 
