@@ -22,6 +22,9 @@ import pytest
 
 pytestmark = pytest.mark.subprocess
 
+# how long a stubbed open may wait for the file's lock (never reached: the stubs answer at once)
+LOCK_WAIT = 5.0
+
 FLOW = '''
 from ledgerflow import pipeline, task
 
@@ -169,19 +172,19 @@ def test_a_command_that_found_it_torn_after_another_rebuilt_it_opens_the_new_fil
     from ledgerflow.errors import DamagedLedgerError
     from ledgerflow_stores.duckdb.connection import Ledger
 
-    ledger = Ledger(str(tmp_path / "l.duckdb"), 5.0, heal=lambda pids: None)
+    ledger = Ledger(str(tmp_path / "l.duckdb"), LOCK_WAIT, heal=lambda pids: None)
     assert ledger.writers is not None
     ledger.writers.folder.mkdir(parents=True)
     (ledger.writers.folder / "heal.lock").touch()     # the other process's heal took it
     opens: list[bool] = []
 
-    def open_waiting(write: bool, timeout: float) -> str:
+    def open_waiting(write: bool, _lock_wait: float) -> str:
         opens.append(write)
         if len(opens) == 1:         # torn when this process looked, rebuilt since
             raise DamagedLedgerError("ledger is damaged: Corrupt database file")
         return "the rebuilt file"
     monkeypatch.setattr(ledger, "_open_waiting", open_waiting)
-    assert ledger._open_healing(False, 5.0) == "the rebuilt file"
+    assert ledger._open_healing(False, LOCK_WAIT) == "the rebuilt file"
     assert opens == [False, False]
 
 
@@ -190,11 +193,11 @@ def test_damage_with_no_killed_writer_and_no_heal_ever_is_refused_untouched(
     from ledgerflow.errors import DamagedLedgerError
     from ledgerflow_stores.duckdb.connection import Ledger
 
-    ledger = Ledger(str(tmp_path / "l.duckdb"), 5.0, heal=lambda pids: None)
+    ledger = Ledger(str(tmp_path / "l.duckdb"), LOCK_WAIT, heal=lambda pids: None)
 
-    def open_waiting(write: bool, timeout: float) -> str:
+    def open_waiting(write: bool, _lock_wait: float) -> str:
         raise DamagedLedgerError("ledger is damaged: Corrupt database file")
     monkeypatch.setattr(ledger, "_open_waiting", open_waiting)
     with pytest.raises(DamagedLedgerError):
-        ledger._open_healing(False, 5.0)
+        ledger._open_healing(False, LOCK_WAIT)
     assert not (tmp_path / "l.duckdb.d").exists()      # no heal lock made for bad input

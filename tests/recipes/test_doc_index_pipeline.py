@@ -124,7 +124,7 @@ def test_lineage_and_explain(small_corpus: Path, tmp_path: Path) -> None:
 
 
 def test_bad_parameters_are_rejected_before_the_run(small_corpus: Path, tmp_path: Path) -> None:
-    with pytest.raises(EmbedderNotFoundError, match="installed: hashing, minilm"):
+    with pytest.raises(EmbedderNotFoundError, match="embedder 'nope' not found; installed: hashing"):
         _run(small_corpus, tmp_path / "i.duckdb", tmp_path / "l.duckdb", embedder="nope")
     with pytest.raises(InputError, match="overlap"):
         _run(small_corpus, tmp_path / "i.duckdb", tmp_path / "l.duckdb", overlap=5000)

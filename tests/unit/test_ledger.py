@@ -144,11 +144,16 @@ def test_a_superseded_driver_cannot_write(tmp_path: Path) -> None:
     with open(old.journals.path("r1", 1), "ab") as seg:
         seg.write(encode_line([RunStateChanged("failed", "stale write", now)]))
     new.append(taken, [RunStateChanged("succeeded", "", now + 1)])
+    # told while the run is held, before any fold has seen the stale write
+    told = new.notices("r1")
+    assert [n["kind"] for n in told] == ["stale_driver_rejected"]
+    assert "rejected 1 record(s)" in told[0]["message"]
     new.release(taken)
     view = new.get_run("r1")
     assert view.state == "succeeded"
-    kinds = [n["kind"] for n in new.notices("r1")]
-    assert kinds == ["stale_driver_rejected"]
+    assert new.notices("r1") == told     # folded or not: the same notice, once
+    new.settle("r1")
+    assert new.notices("r1") == told
     # and its heartbeat notices the takeover, after which its appends are refused
     old._beats["r1"] = beat = Heartbeat(old.leases, "r1", 1,
                                         lambda: old.journals.newest_token("r1"))

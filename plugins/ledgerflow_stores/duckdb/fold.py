@@ -24,7 +24,7 @@ from zlib import crc32
 import duckdb
 
 from ledgerflow.errors import ConfigError, StoreLockedError
-from ledgerflow.records import Takeover
+from ledgerflow.records import Notice, Takeover
 
 from .batch import insert
 from .connection import instance_setting
@@ -188,10 +188,9 @@ class Fold:
         try:
             if stale:   # what a superseded driver wrote after the takeover
                 count = sum(len(json.loads(line)) for line in clean.split(b"\n") if line)
+                n = stale_notice(token, count, path)
                 con.execute("INSERT INTO notices VALUES (?, NULL, NULL, ?, ?, ?)",
-                            [run_id, "stale_driver_rejected",
-                             f"rejected {count} record(s) written under superseded "
-                             f"token {token}", time.time()])
+                            [run_id, n.kind, n.message, n.ts])
             elif clean:
                 state = insert(con, run_id, token, clean, self._scratch())
         except (duckdb.InvalidInputException, duckdb.ConversionException,
@@ -301,6 +300,18 @@ def _decoded(path: Path, body: bytes, start: int,
             out.append(data)
         pos += len(line) + 1
     raise RuntimeError(f"the fold failed on journal lines that all decode: {why}")
+
+
+def stale_notice(token: int, count: int, path: Path) -> Notice:
+    """What the ledger tells of the ``count`` records a superseded driver wrote to its
+    segment ``path`` after a takeover: folded into ``notices``, and read from the tail
+    the same until then (stamped with the segment's last write, so both say the same)."""
+    try:
+        ts = path.stat().st_mtime
+    except FileNotFoundError:
+        ts = time.time()
+    return Notice(None, None, "stale_driver_rejected",
+                  f"rejected {count} record(s) written under superseded token {token}", ts)
 
 
 class BackgroundFold:

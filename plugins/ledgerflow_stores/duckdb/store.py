@@ -44,7 +44,7 @@ from ledgerflow.views import RunView, TaskRow
 from . import behind, doctor, queries, summary
 from .connection import Ledger
 from .decisions import Decisions
-from .fold import BackgroundFold, Fold, FoldPolicy
+from .fold import BackgroundFold, Fold, FoldPolicy, stale_notice
 from .folding import Folding
 from .journal import Journals, TailReads
 from .lease import Heartbeat, Leases
@@ -229,7 +229,11 @@ class DuckDBStore(Folding, RecordReads):
         records: list[AnyRecord] = []
         for token, path in segs:
             if token < current and token in folded:
-                continue  # what an old driver wrote after the takeover is not applied
+                # what an old driver wrote after the takeover is not applied, but told
+                stale, _ = self.tails.read(path, folded[token])
+                if stale:
+                    records.append(stale_notice(token, len(stale), path))
+                continue
             if any(d.startswith(f"journal {path.name} ") for d in damage):
                 continue  # used up to its damage by the fold already
             more, bad = self.tails.read(path, folded.get(token, 0))
