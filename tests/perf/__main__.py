@@ -113,11 +113,18 @@ def peak_rss_child(shape: str, n: int, store: str) -> None:
 def _env() -> dict[str, str]:
     """The environment of child processes: this checkout first on the path.
 
+    Its ``sdk`` and ``plugins`` folders too: a child finds ledgerflow the way a
+    regular installation does (the path finder), never through the editable
+    install's finder, so that a baseline measured from another checkout (a git
+    worktree) starts its processes the same way as this one.
+
     Bytecode is written (a user's installation has it): with
     PYTHONDONTWRITEBYTECODE set, every child process would compile each
     changed module again, which is not what start-up costs.
     """
-    path = [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]
+    root = Path(__file__).resolve().parents[2]
+    path = [str(root), str(root / "sdk"), str(root / "plugins"),
+            os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     return env
