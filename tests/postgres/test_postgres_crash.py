@@ -203,9 +203,13 @@ FLOW = textwrap.dedent("""
             fh.write(f"{what} {key} {os.getpid()} {context().run_id}\\n")
 
     @task
-    def work(i: int, tag: str = "") -> int:
+    def work(i: int, tag: str = "", gate: str = "", gate_from: int = 0) -> int:
         ctx = context()
         effect("start", ctx.task_key)
+        while gate and i >= gate_from and not os.path.exists(gate):   # held until it exists
+            if ctx.cancel_requested:
+                raise TaskCancelled()
+            time.sleep(0.02)
         hang = os.environ.get("HANG_FROM") and i >= int(os.environ["HANG_FROM"])
         t = time.monotonic()
         while time.monotonic() - t < (60 if hang else float(os.environ.get("STEP", "0.1"))):
@@ -216,8 +220,9 @@ FLOW = textwrap.dedent("""
         return i
 
     @pipeline
-    def flow(n: int = 8, tag: str = ""):
-        return work.map(list(range(n)), tag=tag)     # a tag per run: nothing cached
+    def flow(n: int = 8, tag: str = "", gate: str = "", gate_from: int = 0):
+        # a tag per run: nothing cached
+        return work.map(list(range(n)), tag=tag, gate=gate, gate_from=gate_from)
 """)
 
 
@@ -317,24 +322,33 @@ def workers() -> Iterator[list[subprocess.Popen[str]]]:
 
 def test_two_workers_drive_each_submitted_run_once_and_take_over_a_killed_one(
         pg_url: str, tmp_path: Path, workers: list[subprocess.Popen[str]]) -> None:
+    import json
     flow = tmp_path / "flow.py"
     flow.write_text(FLOW)
     side = tmp_path / "effects.txt"
     env = env_for(tmp_path)
-    sub = subprocess.run([*CLI, "submit", str(flow), "-p", "n=3", "-p", "tag=0", "--store",
-                          pg_url, "--json"], env=env, capture_output=True, text=True, timeout=60)
+    # every task of the ten runs is held until the gate exists: the first worker to start
+    # claims a run and holds it, so the other claims the next (a worker drives one at a time)
+    gate = tmp_path / "gate"
+    sub = subprocess.run([*CLI, "submit", str(flow), "-p", "n=3", "-p", "tag=0", "-p",
+                          f"gate={gate}", "--store", pg_url, "--json"], env=env,
+                         capture_output=True, text=True, timeout=60)
     assert sub.returncode == 0, sub.stderr
-    import json
     ids = [json.loads(sub.stdout)["run_id"]]
     script = ("import sys; from ledgerflow.control import submit\n"
               "for i in range(1, 10):\n"
-              "    print(submit(sys.argv[1], params={'n': 3, 'tag': str(i)}, store=sys.argv[2]))")
-    more = subprocess.run([sys.executable, "-c", script, str(flow), pg_url], env=env,
-                          capture_output=True, text=True, timeout=60, check=True)
+              "    print(submit(sys.argv[1], params={'n': 3, 'tag': str(i), 'gate': sys.argv[3]},"
+              " store=sys.argv[2]))")
+    more = subprocess.run([sys.executable, "-c", script, str(flow), pg_url, str(gate)],
+                          env=env, capture_output=True, text=True, timeout=60, check=True)
     ids += more.stdout.split()
     assert len(set(ids)) == 10
     assert q(pg_url, "SELECT DISTINCT state FROM runs") == [("submitted",)]
     workers += [_worker(pg_url, tmp_path, "w1", side), _worker(pg_url, tmp_path, "w2", side)]
+    logs = [tmp_path / "w1.log", tmp_path / "w2.log"]
+    assert wait_until(lambda: all("claimed (token 2)" in log.read_text() for log in logs),
+                      120), [log.read_text() for log in logs]
+    gate.touch()
     assert wait_until(lambda: q(pg_url, "SELECT count(*) FROM runs WHERE state = 'succeeded'")
                       == [(10,)], 120), q(pg_url, "SELECT run_id, state FROM runs")
     # each run driven once: one takeover (token 2) by one worker, each task executed once
@@ -348,24 +362,29 @@ def test_two_workers_drive_each_submitted_run_once_and_take_over_a_killed_one(
     assert q(pg_url, "SELECT count(*), count(DISTINCT (run_id, task_key)) FROM attempts") == [
         (30, 30)]
 
-    # a long run; the worker driving it is killed; the other takes it over
+    # a long run: work[0] finishes, the rest are held; the worker driving it is killed;
+    # the gate opens and the other worker takes the run over
+    hold = tmp_path / "hold"
     long_id = subprocess.run([sys.executable, "-c", "import sys; from ledgerflow.control "
                               "import submit; print(submit(sys.argv[1], params={'n': 8, "
-                              "'tag': 'long'}, store=sys.argv[2]))", str(flow), pg_url],
+                              "'tag': 'long', 'gate': sys.argv[3], 'gate_from': 1}, "
+                              "store=sys.argv[2]))", str(flow), pg_url, str(hold)],
                              env=env, capture_output=True, text=True, timeout=60, check=True
                              ).stdout.strip()
-    assert wait_until(lambda: any(w == "done" for w, _, _ in effects(side, long_id)), 60)
+    assert wait_until(lambda: any(w == "done" for w, _, _ in effects(side, long_id)), 120)
     victim_pid = status(pg_url, long_id).driver_pid
     victim = next(w for w in workers if w.pid == victim_pid)
     survivor = next(w for w in workers if w.pid != victim_pid)
     victim.send_signal(signal.SIGKILL)
     victim.wait(10)
+    hold.touch()
     assert wait_until(lambda: q(pg_url, "SELECT state FROM runs WHERE run_id = %s",
-                                [long_id]) == [("succeeded",)], 90)
+                                [long_id]) == [("succeeded",)], 120)
     assert q(pg_url, "SELECT token, driver_pid FROM runs WHERE run_id = %s", [long_id]) == [
         (3, survivor.pid)]
     ran = effects(side, long_id)
     assert {k for w, k, _ in ran if w == "done"} == {f"work[{i}]" for i in range(8)}
+    assert {k for w, k, p in ran if w == "done" and p == victim_pid} == {"work[0]"}
     assert {p for w, _, p in ran} == {victim_pid, survivor.pid}
     out = (tmp_path / ("w1.log" if survivor is workers[0] else "w2.log")).read_text()
     assert f"run {long_id} claimed (token 3)" in out, out
