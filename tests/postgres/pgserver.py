@@ -15,7 +15,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 
@@ -133,12 +132,3 @@ def started_or_skip() -> PgServer:
     server.start()
     return server
 
-
-def wait_until(pred, timeout: float = 30.0, interval: float = 0.05) -> bool:  # type: ignore[no-untyped-def]
-    """Poll ``pred`` until it is true or ``timeout`` seconds pass; return its last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value or time.monotonic() > deadline:
-            return bool(value)
-        time.sleep(interval)

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -28,7 +29,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from .pgserver import PgServer, wait_until
+from tests.waiting import wait_until
+
+from .pgserver import PgServer
 
 pytestmark = [pytest.mark.postgres, pytest.mark.subprocess, pytest.mark.slow]
 
@@ -110,8 +113,8 @@ def test_database_stopped_mid_run_loses_nothing_and_applies_nothing_twice(
     try:
         assert proc.stdout is not None
         run_id = proc.stdout.readline().split()[1]
-        assert wait_until(lambda: (marker.exists() and len(marker.read_text().split()) >= 3)
-                          or proc.poll() is not None, 120)
+        wait_until(lambda: (marker.exists() and len(marker.read_text().split()) >= 3)
+                   or proc.poll() is not None, timeout=120, what="three embed calls")
         assert proc.poll() is None, "the run ended before the database could be stopped"
         # what the ledger holds as committed right now: it must all survive
         committed = {k: t.result_hash for k, t in status(pg_url, run_id).tasks.items()
@@ -249,9 +252,9 @@ def test_a_frozen_driver_finds_its_token_stale_and_exits_without_writing(
         assert a.stdout is not None
         run_id = a.stdout.readline().split()[1]
         # frozen once 0 and 1 are committed and 2 and 3 run (hanging)
-        assert wait_until(lambda: len([e for e in effects(side) if e[0] == "start"]) >= 4
-                          and status(pg_url, run_id).counts().get("succeeded") == 2, 60), \
-            effects(side)
+        wait_until(lambda: len([e for e in effects(side) if e[0] == "start"]) >= 4
+                   and status(pg_url, run_id).counts().get("succeeded") == 2, timeout=60,
+                   what=lambda: f"two tasks done and two running: {effects(side)}")
         a.send_signal(signal.SIGSTOP)
         frozen_at = effects(side)
         assert sorted(e[1] for e in frozen_at if e[0] == "done") == ["work[0]", "work[1]"]
@@ -261,8 +264,9 @@ def test_a_frozen_driver_finds_its_token_stale_and_exits_without_writing(
                                capture_output=True, text=True, timeout=60)
         assert early.returncode == 2 and "still being driven" in early.stderr, early.stderr
         # past A's lease (2 s on the server's clock), B takes the run over and finishes it
-        assert wait_until(lambda: q(pg_url, "SELECT expires_at < now() FROM leases "
-                                            "WHERE run_id = %s", [run_id]) == [(True,)], 30)
+        wait_until(lambda: q(pg_url, "SELECT expires_at < now() FROM leases "
+                                     "WHERE run_id = %s", [run_id]) == [(True,)], timeout=30,
+                   what="the frozen driver's lease to expire")
         tokened = ("SELECT (SELECT count(*) FROM events WHERE run_id = %(r)s AND token = 1),"
                    " (SELECT count(*) FROM attempts WHERE run_id = %(r)s AND token = 1),"
                    " (SELECT count(*) FROM commits WHERE run_id = %(r)s AND token = 1),"
@@ -322,7 +326,6 @@ def workers() -> Iterator[list[subprocess.Popen[str]]]:
 
 def test_two_workers_drive_each_submitted_run_once_and_take_over_a_killed_one(
         pg_url: str, tmp_path: Path, workers: list[subprocess.Popen[str]]) -> None:
-    import json
     flow = tmp_path / "flow.py"
     flow.write_text(FLOW)
     side = tmp_path / "effects.txt"
@@ -346,11 +349,13 @@ def test_two_workers_drive_each_submitted_run_once_and_take_over_a_killed_one(
     assert q(pg_url, "SELECT DISTINCT state FROM runs") == [("submitted",)]
     workers += [_worker(pg_url, tmp_path, "w1", side), _worker(pg_url, tmp_path, "w2", side)]
     logs = [tmp_path / "w1.log", tmp_path / "w2.log"]
-    assert wait_until(lambda: all("claimed (token 2)" in log.read_text() for log in logs),
-                      120), [log.read_text() for log in logs]
+    wait_until(lambda: all("claimed (token 2)" in log.read_text() for log in logs),
+               timeout=120, what=lambda: f"both workers to claim a run: "
+                                         f"{[log.read_text() for log in logs]}")
     gate.touch()
-    assert wait_until(lambda: q(pg_url, "SELECT count(*) FROM runs WHERE state = 'succeeded'")
-                      == [(10,)], 120), q(pg_url, "SELECT run_id, state FROM runs")
+    wait_until(lambda: q(pg_url, "SELECT count(*) FROM runs WHERE state = 'succeeded'")
+               == [(10,)], timeout=120,
+               what=lambda: f"ten runs to succeed: {q(pg_url, 'SELECT run_id, state FROM runs')}")
     # each run driven once: one takeover (token 2) by one worker, each task executed once
     drivers = q(pg_url, "SELECT run_id, token, driver_pid FROM runs ORDER BY run_id")
     assert {t for _, t, _ in drivers} == {2}
@@ -371,15 +376,17 @@ def test_two_workers_drive_each_submitted_run_once_and_take_over_a_killed_one(
                               "store=sys.argv[2]))", str(flow), pg_url, str(hold)],
                              env=env, capture_output=True, text=True, timeout=60, check=True
                              ).stdout.strip()
-    assert wait_until(lambda: any(w == "done" for w, _, _ in effects(side, long_id)), 120)
+    wait_until(lambda: any(w == "done" for w, _, _ in effects(side, long_id)), timeout=120,
+               what="the long run's first task to finish")
     victim_pid = status(pg_url, long_id).driver_pid
     victim = next(w for w in workers if w.pid == victim_pid)
     survivor = next(w for w in workers if w.pid != victim_pid)
     victim.send_signal(signal.SIGKILL)
     victim.wait(10)
     hold.touch()
-    assert wait_until(lambda: q(pg_url, "SELECT state FROM runs WHERE run_id = %s",
-                                [long_id]) == [("succeeded",)], 120)
+    wait_until(lambda: q(pg_url, "SELECT state FROM runs WHERE run_id = %s",
+                         [long_id]) == [("succeeded",)], timeout=120,
+               what="the survivor to finish the long run")
     assert q(pg_url, "SELECT token, driver_pid FROM runs WHERE run_id = %s", [long_id]) == [
         (3, survivor.pid)]
     ran = effects(side, long_id)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from .pgserver import wait_until
+from tests.waiting import wait_until
+
 from .test_postgres_crash import CLI, FLOW, effects, env_for, q, status
 
 TTL = "120"       # far longer than the takeover may take
@@ -40,17 +41,28 @@ def test_a_killed_workers_run_is_taken_over_at_once_on_the_same_host(
     victim = _worker(pg_url, tmp_path, "victim", side)
     survivor: subprocess.Popen[str] | None = None
     try:
-        assert wait_until(lambda: any(w == "done" for w, _, _ in effects(side, run_id)), 90)
+        wait_until(lambda: any(w == "done" for w, _, _ in effects(side, run_id)), timeout=90,
+                   what="the victim's first task to finish")
         assert status(pg_url, run_id).driver_pid == victim.pid
         victim.send_signal(signal.SIGKILL)
         victim.wait(10)
+        # the victim's lease as it died (the server's clock): renewed, not expired
+        ((held_until, expired),) = q(pg_url, "SELECT expires_at, expires_at < now() "
+                                             "FROM leases WHERE run_id = %s", [run_id])
+        assert not expired
         survivor = _worker(pg_url, tmp_path, "survivor", side)
-        # taken over within half the lease: not at its expiry (the victim renewed it)
-        assert wait_until(lambda: q(pg_url, "SELECT token FROM runs WHERE run_id = %s",
-                                    [run_id]) == [(3,)], float(TTL) / 2), \
-            (tmp_path / "survivor.log").read_text()
-        assert wait_until(lambda: q(pg_url, "SELECT state FROM runs WHERE run_id = %s",
-                                    [run_id]) == [("succeeded",)], 120)
+        # (a survivor that waited for the lease would exit idle first: this wait fails)
+        wait_until(lambda: q(pg_url, "SELECT token FROM runs WHERE run_id = %s",
+                             [run_id]) == [(3,)], timeout=120,
+                   what=lambda: ("the survivor's takeover",
+                                 (tmp_path / "survivor.log").read_text()))
+        # taken over while the dead victim's lease still held: not at its expiry
+        ((acquired,),) = q(pg_url, "SELECT acquired_at FROM leases WHERE run_id = %s",
+                           [run_id])
+        assert acquired < held_until, (acquired, held_until)
+        wait_until(lambda: q(pg_url, "SELECT state FROM runs WHERE run_id = %s",
+                             [run_id]) == [("succeeded",)], timeout=120,
+                   what="the survivor to finish the run")
         assert status(pg_url, run_id).driver_pid == survivor.pid
         done = [k for w, k, _ in effects(side, run_id) if w == "done"]
         assert sorted(set(done)) == sorted(f"work[{i}]" for i in range(12))

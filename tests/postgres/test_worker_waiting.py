@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from .pgserver import wait_until
+from tests.waiting import wait_until
+
 from .test_postgres_crash import CLI, env_for, q
 
 pytestmark = [pytest.mark.postgres, pytest.mark.subprocess, pytest.mark.slow]
@@ -115,13 +116,15 @@ def test_a_waiting_run_is_claimed_once_and_the_newer_runs_are_all_driven(
                               ("plain", "2"), ("plain", "3"))
     workers = [_worker(pg_url, tmp_path, "w1"), _worker(pg_url, tmp_path, "w2")]
     try:
-        assert wait_until(lambda: [_run(pg_url, r)[0] for r in newer] == ["succeeded"] * 3,
-                          120), (q(pg_url, "SELECT run_id, state, token FROM runs"),
-                                 _logs(tmp_path, "w1", "w2"))
+        wait_until(lambda: [_run(pg_url, r)[0] for r in newer] == ["succeeded"] * 3,
+                   timeout=120, what=lambda: ("the three newer runs to succeed",
+                                              q(pg_url, "SELECT run_id, state, token FROM runs"),
+                                              _logs(tmp_path, "w1", "w2")))
         # its first drive is its only one: it stops at the gate, and no worker claims it
         # again while nobody decides (it used to be claimed over and over)
-        assert wait_until(lambda: _run(pg_url, waiting) == ("waiting", 2), 60), \
-            (_run(pg_url, waiting), _logs(tmp_path, "w1", "w2"))
+        wait_until(lambda: _run(pg_url, waiting) == ("waiting", 2), timeout=60,
+                   what=lambda: ("the gated run to wait", _run(pg_url, waiting),
+                                 _logs(tmp_path, "w1", "w2")))
         assert len(_claims(tmp_path, waiting, "w1", "w2")) == 1, _logs(tmp_path, "w1", "w2")
         assert q(pg_url, "SELECT task_key, state FROM tasks WHERE run_id = %s",
                  [waiting]) == [("publish", "waiting_approval")]
@@ -141,9 +144,10 @@ def test_an_approval_has_a_worker_claim_the_waiting_run_which_succeeds(
     (run_id,) = _submit(pg_url, tmp_path, ("gated", "a"))
     workers = [_worker(pg_url, tmp_path, "w1")]
     try:
-        assert wait_until(lambda: f"run {run_id} ended waiting" in _logs(tmp_path, "w1"),
-                          90), _logs(tmp_path, "w1")
-        assert wait_until(lambda: _run(pg_url, run_id) == ("waiting", 2), 30)
+        wait_until(lambda: f"run {run_id} ended waiting" in _logs(tmp_path, "w1"),
+                   timeout=90, what=lambda: ("the drive to end waiting", _logs(tmp_path, "w1")))
+        wait_until(lambda: _run(pg_url, run_id) == ("waiting", 2), timeout=30,
+                   what="the run to be waiting")
         (digest,) = q(pg_url, "SELECT digest FROM approval_requests WHERE run_id = %s",
                       [run_id])[0]
         ok = subprocess.run([*CLI, "approve", run_id, "publish", "--digest", digest[:12],
@@ -151,8 +155,9 @@ def test_an_approval_has_a_worker_claim_the_waiting_run_which_succeeds(
                             env=env_for(tmp_path), capture_output=True, text=True, timeout=90)
         assert ok.returncode == 0, ok.stderr
         # the decision makes it claimable: claimed once more (token 3) and driven to the end
-        assert wait_until(lambda: _run(pg_url, run_id)[0] == "succeeded", 90), \
-            (_run(pg_url, run_id), _logs(tmp_path, "w1"))
+        wait_until(lambda: _run(pg_url, run_id)[0] == "succeeded", timeout=90,
+                   what=lambda: ("the approved run to succeed", _run(pg_url, run_id),
+                                 _logs(tmp_path, "w1")))
         assert _run(pg_url, run_id) == ("succeeded", 3), _logs(tmp_path, "w1")
         assert len(_claims(tmp_path, run_id, "w1")) == 2, _logs(tmp_path, "w1")
         assert q(pg_url, "SELECT decision, reason FROM approval_decisions WHERE run_id = %s",
@@ -170,10 +175,11 @@ def test_a_passed_deadline_is_applied_by_a_worker_without_any_reader(
     workers = [_worker(pg_url, tmp_path, "w1")]
     try:
         # the newer run is not held back by the one waiting for its deadline
-        assert wait_until(lambda: _run(pg_url, later)[0] == "succeeded", 90), \
-            _logs(tmp_path, "w1")
-        assert wait_until(lambda: _run(pg_url, run_id)[0] == "failed", DEADLINE + 90), \
-            (_run(pg_url, run_id), _logs(tmp_path, "w1"))
+        wait_until(lambda: _run(pg_url, later)[0] == "succeeded", timeout=90,
+                   what=lambda: ("the later run to succeed", _logs(tmp_path, "w1")))
+        wait_until(lambda: _run(pg_url, run_id)[0] == "failed", timeout=DEADLINE + 90,
+                   what=lambda: ("the run past its deadline to fail", _run(pg_url, run_id),
+                                 _logs(tmp_path, "w1")))
         # the deadline rule: the request expired (decided by the deadline, journaled by
         # the worker's drive), its task failed with that reason, the run failed
         assert q(pg_url, "SELECT decision, decided_by FROM approval_decisions "
