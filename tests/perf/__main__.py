@@ -20,6 +20,8 @@ from typing import Any
 
 import ledgerflow
 from ledgerflow import pipeline, task
+from tests.perf.journal_append import journal_append_us
+from tests.perf.table import Table, median, slope
 
 
 @task
@@ -93,6 +95,11 @@ def per_task(pipe: Any, n: int, store: str, executor: str) -> tuple[float, str]:
     dt = time.perf_counter() - t
     assert run.state == "succeeded", run.state
     RETURNED[store, n] = back / n * 1e6
+    if store.startswith("memory:"):
+        # nothing reads this store again; its finished runs left in the heap would slow
+        # the garbage collector in every later figure (Hamilton's, which runs with it on)
+        from ledgerflow import opening
+        opening._MEMORY_STORES.pop(store, None)
     return dt / n * 1e6, run.run_id
 
 
@@ -130,69 +137,6 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _first_release() -> bool:
-    """True when measuring the first release (tuple records), for before/after runs."""
-    import ledgerflow.store
-    return hasattr(ledgerflow.store, "RECORD_KINDS")
-
-
-def _task_records(key: str, seq: int, now: float) -> list[Any]:
-    """The records one trivial task writes, in this release's format."""
-    if _first_release():     # plain tuples
-        return [("T", key, "noop", key, None, None, [], "v1", now),
-                ("E", seq, key, 0, None, "pending", "", now),
-                ("E", seq + 1, key, 0, "pending", "ready", "", now),
-                ("E", seq + 2, key, 1, "ready", "running", "attempt 1", now),
-                ("A", key, 1, "ok", now, now, "", "", ""),
-                ("R", key, 1, "f" * 32, "h" * 32, "json", "1", None, 1, None),
-                ("E", seq + 3, key, 1, "running", "succeeded", "", now)]
-    from ledgerflow.records import (
-        FORMAT_VERSION,
-        AttemptEnded,
-        ResultRecorded,
-        TaskCreated,
-        Transition,
-    )
-    if FORMAT_VERSION >= 3:     # outcome records: created + pending, ready + running, ok
-        from ledgerflow.records import Succeeded
-        return [TaskCreated(key, "noop", key, None, None, [], "v1", now, seq),
-                Transition(seq + 1, key, 0, "pending", "ready", "", now, "running", 1,
-                           "attempt 1", now),
-                Succeeded(seq + 3, key, 1, now, now, "f" * 32, "h" * 32, "json", "1", None, 1,
-                          now)]
-    return [TaskCreated(key, "noop", key, None, None, [], "v1", now),
-            Transition(seq, key, 0, None, "pending", "", now),
-            Transition(seq + 1, key, 0, "pending", "ready", "", now),
-            Transition(seq + 2, key, 1, "ready", "running", "attempt 1", now),
-            AttemptEnded(key, 1, "ok", now, now, "", "", ""),
-            ResultRecorded(key, 1, "f" * 32, "h" * 32, "json", "1", None, 1, None),
-            Transition(seq + 3, key, 1, "running", "succeeded", "", now)]
-
-
-def journal_append_us(folder: Path, n: int = 10_000) -> float:
-    """Encoding and appending one task's records to the DuckDB store's journal, per task
-    (one commit per task: the worst case, what an inline chain does)."""
-    from ledgerflow.config import Settings
-    from ledgerflow.plugins import get_plugin_manager
-    st = get_plugin_manager().hook.ledgerflow_make_store(
-        name="duckdb", settings=Settings(store=str(folder / "append.duckdb")))
-    now = time.time()
-    head: list[Any]
-    if _first_release():
-        head = [("D", "r", "p", None, "{}", now, "{}"), ("S", "running", "", now)]
-    else:
-        from ledgerflow.records import RunDefined, RunStateChanged
-        head = [RunDefined("r", "p", None, "{}", now, "{}"), RunStateChanged("running", "", now)]
-    lease = st.create_run("r", head)
-    batches = [_task_records(f"noop-{i}", 4 * i + 1, now) for i in range(n)]
-    t = time.perf_counter()
-    for records in batches:
-        st.append(lease, records)
-    dt = time.perf_counter() - t
-    st.release(lease)
-    return dt / n * 1e6
-
-
 def peak_rss_kib(shape: str, n: int, store: str) -> int:
     env = _env()
     out = subprocess.run([sys.executable, "-m", "tests.perf", "--rss-child", shape, str(n),
@@ -200,53 +144,17 @@ def peak_rss_kib(shape: str, n: int, store: str) -> int:
     return int(out.split()[-1])
 
 
-def slope(points: list[tuple[int, float]]) -> tuple[float, float]:
-    """Least-squares fit of seconds = fixed + per_task * n; returns (per_task us, fixed s)."""
-    k = len(points)
-    mx = sum(n for n, _ in points) / k
-    my = sum(t for _, t in points) / k
-    b = sum((n - mx) * (t - my) for n, t in points) / sum((n - mx) ** 2 for n, _ in points)
-    return b * 1e6, my - b * mx
-
-
-class Table:
-    """The figures of one benchmark run, each with its baseline and the ratio to it."""
-
-    def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-
-    def add(self, figure: str, value: float, unit: str, *, baseline: str = "",
-            base: float | None = None, target: str = "-", diff: bool = False) -> None:
-        """One figure; ``base``: the baseline's value in the same run (``diff``: show
-        ``value - base`` instead of the ratio)."""
-        ratio = None
-        shown = ""
-        if base:
-            if diff:
-                ratio = value - base
-                shown = f"{ratio:+.3f} {unit}"
-            else:
-                ratio = value / base
-                shown = f"{ratio:.2f}x"
-        self.rows.append({"figure": figure, "value": round(value, 3), "unit": unit,
-                          "baseline": baseline, "baseline_value":
-                          None if base is None else round(base, 3),
-                          "ratio": None if ratio is None else round(ratio, 3),
-                          "target": target})
-        print(f"{figure:<58} {shown:>10}  {value:>11.3f} {unit:<3} "
-              f"{'vs ' + baseline if baseline else '':<34} target {target}", flush=True)
+#: Hamilton runs a baseline is the fastest of, at least: its figure varies up to 2x
+#: from run to run (its chain recurses along the graph, and it runs with the garbage
+#: collector on), and the fastest is the fairest baseline.
+HAMILTON_RUNS = 5
 
 
 def _hamilton(n: int, shape: str, repeat: int) -> float | None:
     from tests.perf import peers
     if not peers.installed("hamilton"):
         return None
-    return min(peers.hamilton(shape, n)[0] for _ in range(repeat))
-
-
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return xs[len(xs) // 2]
+    return min(peers.hamilton(shape, n)[0] for _ in range(max(repeat, HAMILTON_RUNS)))
 
 
 def million_child(shape: str, n: int, store: str) -> None:
@@ -340,7 +248,7 @@ def main() -> None:
             ham[shape, n] = h
             if h is not None:
                 tab.add(f"Hamilton {shape} {n}, execute, per task", h, "us")
-            mem = _median([per_task(pipe, n, f"memory:{shape}-{n}-{i}", "inline")[0]
+            mem = median([per_task(pipe, n, f"memory:{shape}-{n}-{i}", "inline")[0]
                            for i in range(repeat)])
             per["memory inline", shape, n] = mem
             tab.add(f"memory inline {shape} {n}, per task", mem, "us",
@@ -352,7 +260,7 @@ def main() -> None:
                 store = str(tmp / f"{shape}-{executor}-{n}.duckdb")
                 per_task(pipe, 50, store, executor)       # the ledger file exists already
                 runs = [per_task(pipe, n, store, executor)[0] for _ in range(repeat)]
-                us = _median(runs)
+                us = median(runs)
                 per[f"duckdb {executor}", shape, n] = us
                 tab.add(f"duckdb {executor} {shape} {n}, per task", us, "us",
                         baseline=f"Hamilton {shape} {n}" if h else "", base=h,
@@ -366,7 +274,7 @@ def main() -> None:
     from tests.perf.floor import floor_us
     for n in sizes:
         for shape in ("chain", "fan-out"):
-            fl = _median([floor_us(shape, n) for _ in range(repeat)])
+            fl = median([floor_us(shape, n) for _ in range(repeat)])
             tab.add(f"floor {shape} {n} (durable, first principles), per task", fl, "us",
                     baseline=f"Hamilton {shape} {n}" if ham.get((shape, n)) else "",
                     base=ham.get((shape, n)))
@@ -422,16 +330,16 @@ def main() -> None:
     # warm-up, untimed: the CLI and every plugin imported once (bytecode written)
     subprocess.run([sys.executable, "-m", "ledgerflow", "plugins"], check=True, env=_env(),
                    stdout=subprocess.DEVNULL)
-    bare = _median([_bare() for _ in range(3)])
+    bare = median([_bare() for _ in range(3)])
     target = f"{Path(__file__).resolve()}:chain"
-    one = _median([_cli("run", target, "-p", "n=1", "-p", f"salt={next_salt()}", "--store",
+    one = median([_cli("run", target, "-p", "n=1", "-p", f"salt={next_salt()}", "--store",
                         str(tmp / "one.duckdb"), "--executor", "inline") for _ in range(3)])
     t = time.perf_counter()
     ledgerflow.get_run(run_id, store=store).status()
     tab.add(f"status of a {n}-task run (in process)", since(t), "s",
             target="< 0.5" if n >= 100_000 else "-")
     tab.add(f"pipeline status, {n}-task run (whole process)",
-            _median([_cli("status", run_id, "--store", store) for _ in range(3)]), "s",
+            median([_cli("status", run_id, "--store", store) for _ in range(3)]), "s",
             baseline=f"python -c pass ({bare:.3f} s)", base=bare, diff=True,
             target="<= +0.2 s")
     _fail_last(store, run_id)
@@ -457,7 +365,7 @@ def main() -> None:
     t = time.perf_counter()
     subprocess.run([sys.executable, "-c", "import ledgerflow"], check=True, env=_env())
     tab.add("import ledgerflow (process)", since(t), "s", target="< 0.3")
-    startup = _median([_cli("run", target, "-p", "n=100", "-p", f"salt={next_salt()}",
+    startup = median([_cli("run", target, "-p", "n=100", "-p", f"salt={next_salt()}",
                             "--store", str(tmp / "startup.duckdb"), "--json")
                        for _ in range(3)])
     tab.add("pipeline run, 100 tasks, whole process", startup, "s",
@@ -507,9 +415,9 @@ def _dask(tab: Table, tmp: Path, n: int) -> None:
     try:
         peers.raw_distributed(client, "fan-out", 100)          # warm-up
         peers.ledgerflow_dask(client, fanout, 100, str(tmp / "dask.duckdb"), next_salt())
-        raw = _median([peers.raw_distributed(client, "fan-out", n) for _ in range(3)])
+        raw = median([peers.raw_distributed(client, "fan-out", n) for _ in range(3)])
         tab.add(f"raw distributed fan-out {n}, 2 workers, per task", raw, "us")
-        ours = _median([peers.ledgerflow_dask(client, fanout, n, str(tmp / "dask.duckdb"),
+        ours = median([peers.ledgerflow_dask(client, fanout, n, str(tmp / "dask.duckdb"),
                                              next_salt())
                         for _ in range(3)])
         tab.add(f"dask executor fan-out {n}, 2 workers, per task", ours, "us",
