@@ -4,7 +4,8 @@ Modules, one concept each: :mod:`.store` (the store façade), :mod:`.schema`
 (tables and migrations), :mod:`.connection` (opening the file, lock waits),
 :mod:`.journal` (segments and their lines), :mod:`.fold` (journals into
 tables, in batches), :mod:`.batch` (one batch's set-based SQL), :mod:`.lease` (leases, heartbeat, liveness, cancel requests),
-:mod:`.queries` (reads of the tables); the reads themselves are
+:mod:`.queries` (reads of the tables), :mod:`.engine` (DuckDB's engine, without its
+Python API); the reads themselves are
 :class:`ledgerflow.ledger.RecordReads`, result files :mod:`ledgerflow.blobs`.
 """
 

@@ -24,12 +24,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-import duckdb
-
 from ledgerflow import private
 from ledgerflow.errors import DamagedLedgerError, NotALedgerError, StoreError, StoreLockedError
 
 from . import schema
+from .engine import duckdb
 from .waiting import Waiting
 from .writers import Writers
 

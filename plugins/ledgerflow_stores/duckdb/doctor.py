@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import duckdb
-
 from ledgerflow.errors import (
     NotALedgerError,
     NotResumableError,
@@ -34,6 +32,7 @@ from ledgerflow.views import RunView
 
 from . import queries, schema
 from .connection import REPAIR, Ledger, sql_string
+from .engine import duckdb
 from .journal import Damage, check_line, iter_lines, read_records
 
 if TYPE_CHECKING:

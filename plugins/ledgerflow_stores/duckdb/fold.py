@@ -21,13 +21,12 @@ from pathlib import Path
 from typing import Any
 from zlib import crc32
 
-import duckdb
-
 from ledgerflow.errors import ConfigError, StoreLockedError
 from ledgerflow.records import Notice, Takeover
 
 from .batch import insert
 from .connection import instance_setting
+from .engine import duckdb
 from .journal import (
     UNCHECKED_DECISION,
     Damage,

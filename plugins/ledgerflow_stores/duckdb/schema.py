@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import duckdb
-
 from ledgerflow.errors import NotALedgerError, SchemaVersionError
+
+from .engine import duckdb
 
 SCHEMA_VERSION = 5
 #: The fix for a file that is not a ledger (every command and ``pipeline doctor`` say it).
