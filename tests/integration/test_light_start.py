@@ -9,6 +9,8 @@ import json
 import subprocess
 import sys
 
+from ledgerflow_stores.duckdb import engine
+
 FLOW = """
 from ledgerflow import task, pipeline
 
@@ -26,10 +28,12 @@ def small(n: int = 3):
 """
 
 #: Top-level packages (or modules) a status or a small run must not import (``duckdb``:
-#: DuckDB's Python API around the engine, ~40 ms the ledger does not use).
+#: DuckDB's Python API around the engine, ~40 ms the ledger does not use, where DuckDB
+#: ships its engine as a module of its own).
 HEAVY = ("ledgerflow_agents", "ledgerflow_console", "ledgerflow_drafts",
          "ledgerflow_observability", "ledgerflow_docindex", "ledgerflow_embed",
-         "ledgerflow_dask", "ledgerflow_postgres", "ledgerflow.specs.drafts", "duckdb")
+         "ledgerflow_dask", "ledgerflow_postgres", "ledgerflow.specs.drafts",
+         *(("duckdb",) if engine.duckdb.__name__ == "_duckdb" else ()))
 
 #: ... and what reading a run needs none of: the executors and the runner.
 DRIVING = ("ledgerflow_executors", "ledgerflow.runner", "ledgerflow.executor",
