@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ledgerflow.procs import proc_start
+from ledgerflow.store import Lease
 
 from .connection import Database, is_connection_error
 
@@ -42,6 +43,22 @@ DEFAULT_TTL = 30.0
 SIGNAL_POLL = 1.0
 SIGNALS_CHANNEL = "ledgerflow_signals"
 RUNS_CHANNEL = "ledgerflow_runs"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A run a worker claimed (:meth:`PostgresStore.claim`): its lease, and the pid of
+    the driver on this host whose death let it be taken over before its lease expired
+    (None: it was submitted, or its lease had expired)."""
+
+    lease: Lease
+    dead_pid: int | None = None
+
+    def why(self) -> str:
+        """What the worker says of the claim (after ``claimed (token N)``)."""
+        if self.dead_pid is None:
+            return ""
+        return f": its driver (pid {self.dead_pid} on this host) is gone"
 
 
 def holder() -> tuple[int, str, str | None]:

@@ -230,9 +230,11 @@ WAITING_DUE: Final = (
 #: submitted, or active with an expired lease or a holder gone (``dead``: 'run/pid/start'
 #: of same-host holders not alive, taken over at once, unchanged since), and not
 #: ``waiting`` unless :data:`WAITING_DUE` (a run that waits for a person never blocks the
-#: newer ones: the oldest claimable one goes first).
+#: newer ones: the oldest claimable one goes first). It returns the run, the new token
+#: and the pid of a holder taken over before its lease expired (else NULL).
 CLAIM_SQL: Final = (
-    "WITH cand AS (SELECT l.run_id FROM leases l JOIN runs r USING (run_id) "
+    "WITH cand AS (SELECT l.run_id, CASE WHEN l.expires_at > now() THEN l.pid END AS dead "
+    "FROM leases l JOIN runs r USING (run_id) "
     "WHERE r.state = ANY(%(active)s) AND (l.expires_at <= now() OR "
     "l.run_id || '/' || coalesce(l.pid, 0) || '/' || coalesce(l.pid_start, '') "
     "= ANY(%(dead)s)) "
@@ -242,4 +244,4 @@ CLAIM_SQL: Final = (
     "UPDATE leases l SET token = l.token + 1, pid = %(pid)s, host = %(host)s, "
     "pid_start = %(start)s, acquired_at = now(), renewed_at = now(), "
     "expires_at = now() + make_interval(secs => %(ttl)s) FROM cand "
-    "WHERE l.run_id = cand.run_id RETURNING l.run_id, l.token")
+    "WHERE l.run_id = cand.run_id RETURNING l.run_id, l.token, cand.dead")

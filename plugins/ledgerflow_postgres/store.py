@@ -50,7 +50,7 @@ from . import doctor, queries
 from .blobs import shared_blobs
 from .connection import DEFAULT_WAIT, Connections, Database, env_seconds, is_connection_error
 from .fold import FOLD_RECORDS, Folder, Mirror, commit_mirror, project, stage_tail
-from .lease import DEFAULT_TTL, RUNS_CHANNEL, SIGNALS_CHANNEL, Keeper, holder, holder_gone
+from .lease import DEFAULT_TTL, RUNS_CHANNEL, SIGNALS_CHANNEL, Claim, Keeper, holder, holder_gone
 from .sql import (
     CLAIM_SQL,
     COMMIT_SQL,
@@ -201,18 +201,18 @@ class PostgresStore(RecordReads):
         with self._wlock:
             self._mirrors[run_id] = mirror
 
-    def claim(self, skip: Collection[str] = ()) -> Lease | None:
+    def claim(self, skip: Collection[str] = ()) -> Claim | None:
         """Take the lease of the oldest run that waits for a driver (``pipeline worker``).
 
-        A run waits when it is ``submitted``, or ``running``/``cancelling`` with
-        an expired lease or a holder on this host that is not alive (its driver died). Rows other workers are claiming
-        are skipped (``FOR UPDATE SKIP LOCKED``). The lease is held (renewed)
-        from here on; :meth:`take_over` of that run returns it.
+        A run waits when it is ``submitted``, or ``running``/``cancelling`` with an
+        expired lease or a holder on this host that is not alive (its driver died: the
+        claim names it). Rows other workers claim are skipped (``FOR UPDATE SKIP
+        LOCKED``). The lease is held from here on; :meth:`take_over` returns it.
         """
         pid, host, start = holder()
         sent = [0.0]
 
-        def attempt(retry: bool) -> tuple[str, int] | None:
+        def attempt(retry: bool) -> tuple[str, int, int | None] | None:
             con = self.conns.writer()
             # a dead holder on this host is taken over at once, not at lease expiry
             dead = [f"{r}/{p or 0}/{s or ''}" for r, p, s in con.execute(
@@ -221,19 +221,19 @@ class PostgresStore(RecordReads):
             row = con.execute(CLAIM_SQL, {"active": list(_ACTIVE), "skip": list(skip),
                                           "pid": pid, "host": host, "start": start,
                                           "ttl": self.ttl, "dead": dead}).fetchone()
-            return None if row is None else (row[0], int(row[1]))
+            return None if row is None else (row[0], int(row[1]), row[2])
 
         with self._wlock:
             got = self.db.retrying(attempt, what="claiming a run", reset=self.conns.reset_writer)
         if got is None:
             return None
-        run_id, token = got
+        run_id, token, dead = got
         self.keeper.hold(run_id, token, sent[0])
         self._adopt(run_id, token)
         lease = Lease(run_id, token)
         with self._wlock:
             self._claimed[run_id] = lease
-        return lease
+        return Claim(lease, dead)
 
     def _lost(self, lease: Lease) -> LeaseLostError:
         return LeaseLostError(

@@ -44,7 +44,7 @@ from ledgerflow.cli.guard import guard
 from ledgerflow.errors import InputError, LeaseLostError, NotResumableError, PipelineError
 
 from .connection import StoreUnavailableError
-from .lease import RUNS_CHANNEL, SIGNALS_CHANNEL
+from .lease import RUNS_CHANNEL, SIGNALS_CHANNEL, Claim
 
 if TYPE_CHECKING:
     from .store import PostgresStore
@@ -81,19 +81,19 @@ class Worker:
         idle_since = time.monotonic()
         while not self.stopping.is_set():
             try:
-                lease = self.store.claim(self.skip)
+                claim = self.store.claim(self.skip)
             except StoreUnavailableError as exc:
                 say(f"worker: {exc}; still waiting")
                 self.stopping.wait(self.poll)
                 continue
-            if lease is None:
+            if claim is None:
                 if self.exit_idle is not None and \
                         time.monotonic() - idle_since >= self.exit_idle:
                     say(f"worker: nothing to do for {self.exit_idle:g}s; exiting")
                     break
                 self._wait()
                 continue
-            self._drive(lease.run_id, lease.token)
+            self._drive(claim)
             idle_since = time.monotonic()
             if self.max_runs is not None and len(self.driven) >= self.max_runs:
                 break
@@ -119,8 +119,9 @@ class Worker:
             self._listener = None
             self.stopping.wait(self.poll)
 
-    def _drive(self, run_id: str, token: int) -> None:
-        say(f"worker: run {run_id} claimed (token {token})")
+    def _drive(self, claim: Claim) -> None:
+        run_id, token = claim.lease.run_id, claim.lease.token
+        say(f"worker: run {run_id} claimed (token {token}){claim.why()}")
         state = "interrupted"
         try:
             run = ledgerflow.resume(run_id, store=self.store, executor=self.executor,

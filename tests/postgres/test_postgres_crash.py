@@ -394,7 +394,11 @@ def test_two_workers_drive_each_submitted_run_once_and_take_over_a_killed_one(
     assert {k for w, k, p in ran if w == "done" and p == victim_pid} == {"work[0]"}
     assert {p for w, _, p in ran} == {victim_pid, survivor.pid}
     out = (tmp_path / ("w1.log" if survivor is workers[0] else "w2.log")).read_text()
-    assert f"run {long_id} claimed (token 3)" in out, out
+    assert f"run {long_id} claimed (token 3): its driver (pid {victim_pid} on this host) " \
+        "is gone" in out, out
+    # a submitted run's claim names no dead driver
+    assert all(line.endswith("(token 2)") for log in logs for line in log.read_text()
+               .splitlines() if "claimed (token 2)" in line), [log.read_text() for log in logs]
     survivor.send_signal(signal.SIGTERM)     # stop claiming; nothing is being driven
     survivor.wait(60)
     assert survivor.returncode == 0
