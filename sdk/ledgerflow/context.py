@@ -240,8 +240,8 @@ def context_method(name: str) -> Callable[..., Any]:
     ``name`` of the ``ledgerflow.context`` group), loaded once per process."""
     fn = _METHODS.get(name)
     if fn is None:
-        from importlib.metadata import entry_points
-        found = [ep for ep in entry_points(group="ledgerflow.context") if ep.name == name]
+        from .entrypoints import entry_points
+        found = [ep for ep in entry_points("ledgerflow.context") if ep.name == name]
         if not found:
             raise PluginError(f"no installed plugin provides context().{name}()",
                               hint="pip install the plugin that provides it (for model(): "

@@ -31,7 +31,7 @@ from . import hookspecs
 from .errors import PluginError
 
 if TYPE_CHECKING:
-    from importlib.metadata import EntryPoint
+    from .entrypoints import EntryPoint
 
 BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
     ("inline", "ledgerflow_executors.inline"),
@@ -256,8 +256,8 @@ def _build() -> PluginManager:
     autoload = not os.environ.get("LEDGERFLOW_DISABLE_PLUGIN_AUTOLOAD")
     seen: set[str] = set()
     if autoload:
-        from importlib.metadata import entry_points  # ~15 ms: when plugins are first asked
-        for ep in entry_points(group="ledgerflow"):
+        from .entrypoints import entry_points  # (remembered while the packages stay)
+        for ep in entry_points("ledgerflow"):
             if ep.name in seen or pm.has_plugin(ep.name):
                 continue
             seen.add(ep.name)

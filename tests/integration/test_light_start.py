@@ -6,8 +6,11 @@ subprocesses; the deferred plugins still answer when asked."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 from ledgerflow_stores.duckdb import engine
 
@@ -52,27 +55,40 @@ print(json.dumps({"code": code, "loaded": sorted(m for m in sys.modules
 """
 
 
+#: ... and, once the plugins' entry points are cached (:mod:`ledgerflow.entrypoints`),
+#: the scan of every installed distribution's metadata.
+SCAN = ("importlib.metadata",)
+
+
 def _probe(args: list[str], env: dict[str, str],
-           heavy: tuple[str, ...] = HEAVY) -> dict[str, object]:
+           heavy: tuple[str, ...] = HEAVY, cwd: Path | None = None) -> dict[str, object]:
     done = subprocess.run([sys.executable, "-c", PROBE.replace("HEAVY_NAMES", repr(heavy)),
                            *args], capture_output=True, text=True, env=env, timeout=300,
-                          check=False)
+                          check=False, cwd=cwd)
     assert done.stderr == "" or "Traceback" not in done.stderr, done.stderr
     doc: dict[str, object] = json.loads(done.stdout.splitlines()[-1])
     return doc
 
 
 def test_status_and_a_small_run_import_no_plugin_they_do_not_use(
-        write_flow, ledger: str, cli_env: dict[str, str]) -> None:
+        write_flow, ledger: str, cli_env: dict[str, str], tmp_path: Path) -> None:
     flow = write_flow(FLOW)
-    ran = _probe(["run", flow, "--executor", "inline", "--store", ledger, "--json"], cli_env)
+    cli_env["XDG_CACHE_HOME"] = str(tmp_path / "cache")     # no entry points cached yet
+    here = tmp_path / "here"        # the probes' folder (sys.path[0]): settled long ago
+    here.mkdir()
+    os.utime(here, (time.time() - 3600,) * 2)
+    ran = _probe(["run", flow, "--executor", "inline", "--store", ledger, "--json"], cli_env,
+                 cwd=here)
     assert ran == {"code": 0, "loaded": []}
     runs = subprocess.run([sys.executable, "-m", "ledgerflow", "runs", "--store", ledger,
                            "--json"], capture_output=True, text=True, env=cli_env,
                           timeout=300, check=True)
     run_id = json.loads(runs.stdout)[0]["run_id"]
-    assert _probe(["status", run_id, "--store", ledger], cli_env,
-                  HEAVY + DRIVING) == {"code": 0, "loaded": []}
+    status = ["status", run_id, "--store", ledger]
+    assert _probe(status, cli_env, HEAVY + DRIVING, cwd=here) == {"code": 0, "loaded": []}
+    # (the run's key differs: its flow's folder, changed just now, is on its sys.path)
+    assert _probe(status, cli_env, HEAVY + DRIVING + SCAN, cwd=here) == {"code": 0,
+                                                                         "loaded": []}
 
 
 def test_deferred_plugins_answer_when_asked(cli_env: dict[str, str]) -> None:
