@@ -142,3 +142,24 @@ def test_a_live_run_with_a_damaged_tail_is_read_row_by_row(tmp_path, monkeypatch
     segment[1].write_bytes(b"".join(lines))
     assert st.summarize(run.run_id, min_tasks=500) is None
     assert "damaged" in (st.get_run(run.run_id, upstream=False).damage or "")
+
+
+@task
+def shout(name: str) -> str:
+    if name.startswith(":fire:"):
+        raise ValueError(f"{name} is on :fire:")
+    return name.upper()
+
+
+@pipeline
+def shouting(names: list[str]):
+    return shout.map(names)
+
+
+def test_keys_and_errors_are_shown_as_written_not_as_emoji(tmp_path, capsys) -> None:
+    # an item key or an error holding rich's emoji codes (":rocket:") is text, not 🚀
+    run = shouting.run(names=[":rocket:.txt", ":fire:.md"], store=str(tmp_path / "l.duckdb"),
+                       executor="inline", fail_fast=False)
+    table = _table(run.status(), capsys)
+    assert ":rocket:.txt" in table and ":fire:.md is on :fire:" in table, table
+    assert "🚀" not in table and "🔥" not in table, table

@@ -223,7 +223,9 @@ def summary(view: RunView, *, all_rows: bool = False, every_row: bool = False) -
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
-    console = Console(width=max(100, min(160, Console().width)), soft_wrap=False)
+    # (emoji=False: a key or an error that holds ``:rocket:`` is shown as written)
+    console = Console(width=max(100, min(160, Console(emoji=False).width)), soft_wrap=False,
+                      emoji=False)
     rows = list(view.tasks.values())
     title = escape(f"run {view.run_id} ({view.pipeline}): {view.state}")
     table = Table(title=title, title_justify="left")
