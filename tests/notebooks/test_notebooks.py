@@ -46,8 +46,10 @@ def test_notebook_is_valid_and_stores_only_checked_outputs(path: Path) -> None:
                     reason="needs nbval and ipykernel (pip install -e .[dev])")
 def test_notebooks_run_under_nbval(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGERFLOW_")}
+    scratch = tmp_path / "tmp"      # the notebooks' own temporary folders go here
+    scratch.mkdir()
     env.update(IPYTHONDIR=str(tmp_path / "ipython"), JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"),
-               PYDEVD_DISABLE_FILE_VALIDATION="1")
+               PYDEVD_DISABLE_FILE_VALIDATION="1", TMPDIR=str(scratch))
     cmd = [sys.executable, "-m", "pytest", "--nbval-lax", "notebooks/",
            "--nbval-kernel-name", "python3",
            "--nbval-sanitize-with", "tests/nbval_sanitize.cfg",
@@ -55,3 +57,28 @@ def test_notebooks_run_under_nbval(tmp_path: Path) -> None:
     proc = subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True,
                           timeout=240)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("nbclient") is None
+                    or importlib.util.find_spec("ipykernel") is None,
+                    reason="needs nbclient and ipykernel (pip install -e .[dev])")
+def test_a_notebook_leaves_nothing_behind_once_its_kernel_stops(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a notebook's ledger and files live in a temporary folder that goes with its kernel
+    # (nbval kills its kernels; Jupyter and nbclient stop them, which runs the clean-up)
+    from nbclient import NotebookClient
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    for key in [k for k in os.environ if k.startswith("LEDGERFLOW_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "rt"))
+    path = ROOT / "notebooks" / "01_quickstart.ipynb"
+    book = nbformat.read(path, as_version=4)
+    NotebookClient(book, kernel_name="python3", timeout=240,
+                   resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    assert sorted(p.name for p in scratch.glob("ledgerflow-*")) == []
+    assert any("_work.name" in c.source for c in book.cells if c.cell_type == "code")
