@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import tempfile
 import textwrap
 import types
+from pathlib import Path
+
+import pytest
 
 from ledgerflow.keys import code_version
+
+_HOME: list[Path] = []      # this test's tmp_path: the modules' files go there
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path: Path):
+    _HOME[:] = [tmp_path]
+    yield
+    _HOME.clear()
 
 
 def _define(source: str) -> types.FunctionType:
     """Define ``f`` from ``source`` in a real file, so inspect finds its source."""
     import importlib.util
-    import tempfile
-    from pathlib import Path
-    folder = Path(tempfile.mkdtemp())
+    folder = Path(tempfile.mkdtemp(dir=_HOME[0]))
     path = folder / "mod_under_test.py"
     path.write_text("from ledgerflow import task\n" + textwrap.dedent(source))
     spec = importlib.util.spec_from_file_location(f"m{abs(hash(source))}", path)
