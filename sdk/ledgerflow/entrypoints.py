@@ -97,15 +97,23 @@ def _cache_folder() -> Path | None:
     return Path(base) / "ledgerflow" / "entry-points"
 
 
+#: Finders that find distributions on ``sys.path`` as the standard one does: the path
+#: finder, and the ``importlib_metadata`` backport's, which importing it adds (as
+#: OpenTelemetry and Jupyter do), and its copy vendored in setuptools.
+_PATH_FINDERS = {("_frozen_importlib_external", "PathFinder"),
+                 ("importlib.machinery", "PathFinder"),
+                 ("importlib._bootstrap_external", "PathFinder"),
+                 ("importlib_metadata", "MetadataPathFinder"),
+                 ("setuptools._vendor.importlib_metadata", "MetadataPathFinder")}
+
+
 def _own_distributions(finder: object) -> bool:
-    """True if ``finder`` answers ``find_distributions`` with code of its own."""
-    method = getattr(finder, "find_distributions", None)
-    if method is None:
+    """True if ``finder`` answers ``find_distributions`` with code of its own (not a
+    search of ``sys.path``, which the cache's key covers)."""
+    if getattr(finder, "find_distributions", None) is None:
         return False
-    owner = getattr(finder, "__module__", "") if isinstance(finder, type) \
-        else type(finder).__module__
-    return owner not in ("importlib.machinery", "_frozen_importlib_external",
-                         "importlib._bootstrap_external")
+    cls = finder if isinstance(finder, type) else type(finder)
+    return (cls.__module__, cls.__qualname__) not in _PATH_FINDERS
 
 
 def _mtime(path: str) -> int | None:

@@ -15,6 +15,11 @@ import pytest
 from ledgerflow import entrypoints
 from ledgerflow.entrypoints import EntryPoint, entry_points
 
+try:        # (imported before a test's sys.path is only its own folder)
+    import importlib_metadata as _BACKPORT
+except ImportError:     # pragma: no cover - the dev extras bring it
+    _BACKPORT = None
+
 GROUP = "ledgerflow_cache_test"
 PAST = time.time() - 3600
 
@@ -166,6 +171,19 @@ def test_a_finder_of_its_own_distributions_turns_the_cache_off(
     monkeypatch.setattr(sys, "meta_path", [*sys.meta_path, Finder()])
     assert _pairs(entry_points(GROUP)) == [("a", "pkg_a")]
     assert _cached(tmp_path) == []
+
+
+def test_the_importlib_metadata_backports_finder_keeps_the_cache_on(
+        site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # importing the backport (OpenTelemetry, Jupyter do) adds its sys.path finder
+    if _BACKPORT is None:
+        pytest.skip("the importlib_metadata backport is not installed")
+    finder = _BACKPORT.MetadataPathFinder()
+    monkeypatch.setattr(sys, "meta_path", [*sys.meta_path, finder])
+    _dist(site, "alpha", f"[{GROUP}]\na = pkg_a\n")
+    _age(site)
+    assert _pairs(entry_points(GROUP)) == [("a", "pkg_a")]
+    assert len(_cached(tmp_path)) == 1
 
 
 def test_an_entry_point_loads_its_module_or_attribute() -> None:
