@@ -142,7 +142,7 @@ def explain_run(st: RunStore, run_id: str, *, task_key: str | None = None,
         base = st.get_run(base_id) if base_id is not None else None
         events = st.events(run_id, task_key)
         attempts = st.attempts(run_id, task_key)
-        rows = [view.tasks[task_key]] if task_key is not None else list(view.tasks.values())
+        rows = [view.tasks[task_key]] if task_key is not None else view.in_order()
         why = _Why(st, view, base, events, attempts)
         tasks = [why.explain(row) for row in rows]
     return RunExplanation(run_id, view.pipeline, base_id, _trigger(view), tasks)

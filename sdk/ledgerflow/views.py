@@ -8,6 +8,7 @@ and lineage rows are built here and nowhere else.
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -143,6 +144,39 @@ class RunView:
         if self.settled:
             done = TaskState.SUCCEEDED.value
             out[done] = out.get(done, 0) + len(self.settled)
+        return out
+
+    def in_order(self) -> list[TaskRow]:
+        """The tasks in the order they can run: each after the tasks it reads from, else
+        in the order they were made (so a fan-out's items come before the task that
+        gathers them, which was made first). What status tables and explanations list."""
+        rows = list(self.tasks.values())
+        index = {r.key: i for i, r in enumerate(rows)}
+        items: dict[str, list[int]] = {}        # a fan-out's node -> its items
+        for i, r in enumerate(rows):
+            if r.position is not None and r.node != r.key:
+                items.setdefault(r.node, []).append(i)
+        after: list[list[int]] = [[] for _ in rows]
+        waits = [0] * len(rows)
+        for i, r in enumerate(rows):
+            for up in r.upstream:
+                for j in ([index[up]] if up in index else items.get(up, ())):
+                    if j != i:
+                        after[j].append(i)
+                        waits[i] += 1
+        ready = [i for i, n in enumerate(waits) if n == 0]
+        heapq.heapify(ready)
+        out: list[TaskRow] = []
+        while ready:
+            i = heapq.heappop(ready)
+            out.append(rows[i])
+            for k in after[i]:
+                waits[k] -= 1
+                if waits[k] == 0:
+                    heapq.heappush(ready, k)
+        if len(out) < len(rows):    # (a cycle in what a damaged ledger says: as made)
+            seen = {id(r) for r in out}
+            out += [r for r in rows if id(r) not in seen]
         return out
 
     def root_causes(self) -> list[TaskRow]:

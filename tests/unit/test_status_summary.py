@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -163,3 +165,45 @@ def test_keys_and_errors_are_shown_as_written_not_as_emoji(tmp_path, capsys) -> 
     table = _table(run.status(), capsys)
     assert ":rocket:.txt" in table and ":fire:.md is on :fire:" in table, table
     assert "🚀" not in table and "🔥" not in table, table
+
+
+@task
+def listing(n: int) -> list[int]:
+    return list(range(n))
+
+
+@pipeline
+def gathered(n: int = 3):
+    return total(square.map(listing(n)))
+
+
+def _task_column(text: str) -> list[str]:
+    return [line.split("│")[1].strip() for line in text.splitlines()
+            if line.startswith("│") and "│" in line[1:]]
+
+
+def test_status_explain_and_the_run_list_each_task_after_what_it_reads(tmp_path) -> None:
+    # the gathering task is made before the fan-out's items (they are made as the run
+    # goes), but it is listed after them, as the run's live lines show it
+    path = str(tmp_path / "l.duckdb")
+    flow = tmp_path / "flow.py"
+    flow.write_text("from tests.unit.test_status_summary import gathered\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
+    ran = subprocess.run([sys.executable, "-m", "ledgerflow", "run", f"{flow}:gathered",
+                          "--store", path, "--executor", "inline"], capture_output=True,
+                         text=True, check=False, env=env)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    order = ["listing", "square[0]", "square[1]", "square[2]", "total"]
+    assert _task_column(ran.stdout) == order, ran.stdout
+    run_id = DuckDBStore(path).list_runs()[0].run_id
+    assert list(DuckDBStore(path).get_run(run_id).tasks)[:2] == ["listing", "total"]
+    status = subprocess.run([sys.executable, "-m", "ledgerflow", "status", run_id,
+                             "--store", path], capture_output=True, text=True, check=False)
+    assert status.returncode == 0, status.stderr
+    assert _task_column(status.stdout) == order, status.stdout
+    explain = subprocess.run([sys.executable, "-m", "ledgerflow", "explain", run_id,
+                              "--store", path], capture_output=True, text=True, check=False)
+    assert explain.returncode == 0, explain.stderr
+    keys = [line.split()[0] for line in explain.stdout.splitlines() if line.startswith("  ")]
+    assert keys == order, explain.stdout

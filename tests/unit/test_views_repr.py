@@ -22,3 +22,15 @@ def test_repr_of_a_status_is_one_short_line(tmp_path) -> None:
     assert run.run_id in text and "succeeded" in text and "200 succeeded" in text
     row = repr(run.status().tasks["square[3]"])
     assert row == "TaskRow('square[3]', succeeded, attempts=1)"
+
+
+def test_in_order_lists_each_task_after_what_it_reads_else_as_made() -> None:
+    from ledgerflow.views import RunView, TaskRow
+    rows = [TaskRow("fetch"), TaskRow("total", node="total", upstream=["square"]),
+            TaskRow("square[0]", node="square", position=0, upstream=["fetch"]),
+            TaskRow("square[1]", node="square", position=1, upstream=["fetch"]),
+            TaskRow("lone", upstream=["gone"]),       # an upstream the ledger does not hold
+            TaskRow("a", upstream=["b"]), TaskRow("b", upstream=["a"])]   # damaged: a cycle
+    view = RunView("r", tasks={r.key: r for r in rows})
+    assert [r.key for r in view.in_order()] == ["fetch", "square[0]", "square[1]", "total",
+                                                "lone", "a", "b"]

@@ -118,7 +118,7 @@ def shape(graph: Any) -> str:
 
 def finish(run: api.Run, as_json: bool) -> None:
     """Print how ``run`` ended (its table, or its JSON) and exit with its code."""
-    view = api.view(run, summed_above=None if as_json else ROW_LIMIT)
+    view = api.view(run, summed_above=None if as_json else ROW_LIMIT, upstream=not as_json)
     waiting = view.state == RunState.WAITING
     if as_json:
         out(run_dumps(view))

@@ -47,7 +47,8 @@ def status(run_id: str, task_key: str | None, all_rows: bool, store: str | None,
 
 def _status(run: api.Run, task_key: str | None, all_rows: bool, as_json: bool) -> None:
     big = task_key is None and not as_json and not all_rows
-    view = api.view(run, summed_above=STATUS_ROWS if big else None)
+    # (the upstream keys order the table: ledgerflow.views.RunView.in_order)
+    view = api.view(run, summed_above=STATUS_ROWS if big else None, upstream=not as_json)
     if task_key is not None:
         _task_status(run, view, task_key, as_json)
         return

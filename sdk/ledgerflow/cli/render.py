@@ -237,7 +237,7 @@ def summary(view: RunView, *, all_rows: bool = False, every_row: bool = False) -
     elif every_row or len(rows) <= (STATUS_ROWS if all_rows else ROW_LIMIT):
         for col in ("task", "state", "attempts", "duration", "error"):
             table.add_column(col, overflow="fold")
-        for r in rows:
+        for r in view.in_order():       # each task after what it reads from
             state = r.state + (" (cached)" if r.cached_from else "")
             # task keys hold [item] suffixes: escape them, or rich reads them as markup
             # a success shows no error (the one of a lost or failed try before it)
