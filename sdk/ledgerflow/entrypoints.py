@@ -37,6 +37,9 @@ from typing import Any
 LAYOUT = 1
 #: How recent a folder's change may be for its mtime to be trusted.
 SETTLE_S = 2.0
+#: Cache files kept (one per interpreter, ``sys.path`` and group): the least recently
+#: written go when a write passes it (test suites and scripts make many keys).
+KEEP = 64
 
 
 class EntryPoint:
@@ -157,8 +160,25 @@ def _write(folder: Path, path: Path, doc: dict[str, Any]) -> None:
         except BaseException:
             os.unlink(tmp)
             raise
+        _prune(folder)
     except OSError:
         return
+
+
+def _prune(folder: Path) -> None:
+    """Remove the least recently written cache files beyond :data:`KEEP`."""
+    files = []
+    for entry in os.scandir(folder):
+        if entry.name.endswith(".json"):
+            try:
+                files.append((entry.stat().st_mtime_ns, entry.path))
+            except OSError:
+                continue
+    for _mtime_ns, path in sorted(files, reverse=True)[KEEP:]:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _scan(group: str) -> list[tuple[str, str, str | None]]:

@@ -140,6 +140,26 @@ def test_a_damaged_cache_file_is_ignored_and_replaced(site: Path, tmp_path: Path
         assert json.loads(path.read_bytes())["eps"] == [["a", "pkg_a"]]
 
 
+def test_the_cache_keeps_the_files_written_last(site: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(entrypoints, "KEEP", 3)
+    _dist(site, "alpha", f"[{GROUP}]\na = pkg_a\n")
+    _age(site)
+    for n in range(5):      # five sys.paths, five keys
+        extra = tmp_path / f"extra{n}"
+        extra.mkdir()
+        _age(extra)
+        monkeypatch.setattr(sys, "path", [str(site), str(extra)])
+        assert _pairs(entry_points(GROUP)) == [("a", "pkg_a")]
+        if n == 1:
+            kept = _cached(tmp_path)
+            _age(*kept)         # written first: written an hour ago
+    files = _cached(tmp_path)
+    assert len(files) == 3 and not set(kept) & set(files)
+    monkeypatch.setattr(entrypoints, "_scan", _no_scan)       # the last key still answers
+    assert _pairs(entry_points(GROUP)) == [("a", "pkg_a")]
+
+
 def test_the_cache_can_be_turned_off(site: Path, tmp_path: Path,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     _dist(site, "alpha", f"[{GROUP}]\na = pkg_a\n")
