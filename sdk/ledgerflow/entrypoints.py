@@ -4,8 +4,9 @@ Finding the ``ledgerflow`` entry points means importing :mod:`importlib.metadata
 and reading the metadata of every installed distribution: 30-50 ms a process
 on a virtualenv of 160 packages, more than the rest of ``pipeline status``'s
 plugin loading. :func:`entry_points` keeps what one scan found in a small file
-under the user's cache folder (``$XDG_CACHE_HOME/ledgerflow``, else
-``~/.cache/ledgerflow``), and uses it only while nothing that decides the
+under the user's cache folder (``$XDG_CACHE_HOME/ledgerflow/entry-points``, else
+``~/.cache/ledgerflow/entry-points``; a file another user owns or may write is not
+read), and uses it only while nothing that decides the
 answer has changed. That is the rule Python's own import system caches
 directory listings by (a folder's mtime changes when an entry is added or
 removed), applied to:
@@ -137,7 +138,10 @@ def _key(group: str) -> tuple[str, int]:
 def _read(path: Path, key: str) -> list[tuple[str, str]] | None:
     """The cached entry points, if the file is this key's and its sources are unchanged."""
     try:
-        doc = json.loads(path.read_bytes())
+        with open(path, "rb") as fh:
+            if not _own_file(os.fstat(fh.fileno())):
+                return None     # another user's file: its module names are not trusted
+            doc = json.loads(fh.read())
         if doc["layout"] != LAYOUT or doc["key"] != key:
             return None
         if [_mtime(src) for src in doc["sources"]] != doc["stamps"]:
@@ -145,6 +149,12 @@ def _read(path: Path, key: str) -> list[tuple[str, str]] | None:
         return [(str(n), str(v)) for n, v in doc["eps"]]
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _own_file(st: os.stat_result) -> bool:
+    """True if the file is this user's and only this user may write it."""
+    getuid = getattr(os, "getuid", None)
+    return getuid is None or (st.st_uid == getuid() and not st.st_mode & 0o022)
 
 
 def _write(folder: Path, path: Path, doc: dict[str, Any]) -> None:

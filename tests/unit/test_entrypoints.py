@@ -160,6 +160,22 @@ def test_the_cache_keeps_the_files_written_last(site: Path, tmp_path: Path,
     assert _pairs(entry_points(GROUP)) == [("a", "pkg_a")]
 
 
+def test_a_cache_file_others_may_write_is_not_trusted(site: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # the file names modules to import: one anybody could have written is scanned anew
+    _dist(site, "alpha", f"[{GROUP}]\na = pkg_a\n")
+    _age(site)
+    entry_points(GROUP)
+    (path,) = _cached(tmp_path)
+    doc = json.loads(path.read_bytes())
+    doc["eps"] = [["a", "planted_module"]]
+    path.write_text(json.dumps(doc))
+    path.chmod(0o666)
+    assert _pairs(entry_points(GROUP)) == [("a", "pkg_a")]
+    assert json.loads(path.read_bytes())["eps"] == [["a", "pkg_a"]]     # replaced
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
 def test_the_cache_can_be_turned_off(site: Path, tmp_path: Path,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     _dist(site, "alpha", f"[{GROUP}]\na = pkg_a\n")
