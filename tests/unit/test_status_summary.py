@@ -207,3 +207,23 @@ def test_status_explain_and_the_run_list_each_task_after_what_it_reads(tmp_path)
     assert explain.returncode == 0, explain.stderr
     keys = [line.split()[0] for line in explain.stdout.splitlines() if line.startswith("  ")]
     assert keys == order, explain.stdout
+
+
+def test_status_all_of_a_big_run_lists_every_task_in_plain_columns(tmp_path) -> None:
+    # above 500 rows --all prints aligned lines, not a rich table (~0.6 ms a row)
+    path = str(tmp_path / "l.duckdb")
+    run = big.run(n=300, store=path, executor="inline").settle()
+    out = subprocess.run([sys.executable, "-m", "ledgerflow", "status", run.run_id,
+                          "--store", path, "--all"], capture_output=True, text=True,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith(f"run {run.run_id} (big): failed")
+    assert lines[1].split() == ["task", "state", "attempts", "duration", "error"]
+    rows = [line.split()[0] for line in lines[2:] if not line.startswith(("tasks:", "root"))]
+    assert len(rows) == len(set(rows)) == 601
+    assert rows.index("total") > max(rows.index(f"maybe[{i}]") for i in range(300))
+    failed = [line for line in lines if line.startswith("maybe[0] ")]
+    assert failed and "failed" in failed[0] and "ValueError: item 0" in failed[0]
+    assert "tasks: 4 failed, 596 succeeded, 1 upstream_failed" in out.stdout
+    assert "┃" not in out.stdout
