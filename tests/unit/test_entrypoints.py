@@ -40,6 +40,13 @@ def _age(*paths: Path) -> None:
         os.utime(p, (PAST, PAST))
 
 
+def _alpha(site: Path) -> Path:
+    """The usual case: one distribution (``a = pkg_a``) in ``site``, settled long ago."""
+    info = _dist(site, "alpha", f"[{GROUP}]\na = pkg_a\n")
+    _age(site)
+    return info
+
+
 @pytest.fixture
 def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A sys.path of one folder, and a cache of this test's own."""
@@ -75,16 +82,14 @@ def test_the_answer_is_importlib_metadatas_in_its_order(site: Path, tmp_path: Pa
 
 def test_a_second_process_reads_the_cache_and_scans_nothing(
         site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _dist(site, "alpha", f"[{GROUP}]\na = pkg_a\n")
-    _age(site)
+    _alpha(site)
     first = _pairs(entry_points(GROUP))
     monkeypatch.setattr(entrypoints, "_scan", _no_scan)
     assert _pairs(entry_points(GROUP)) == first == [("a", "pkg_a")]
 
 
 def test_an_installed_distribution_is_seen_at_once(site: Path) -> None:
-    _dist(site, "alpha", f"[{GROUP}]\na = pkg_a\n")
-    _age(site)
+    _alpha(site)
     assert _pairs(entry_points(GROUP)) == [("a", "pkg_a")]
     _dist(site, "beta", f"[{GROUP}]\nb = pkg_b\n")      # the folder's mtime moves
     assert sorted(_pairs(entry_points(GROUP))) == [("a", "pkg_a"), ("b", "pkg_b")]
@@ -102,24 +107,26 @@ def test_an_uninstalled_distribution_is_gone_at_once(site: Path) -> None:
 
 
 def test_an_entry_points_file_edited_in_place_is_read_again(site: Path) -> None:
-    info = _dist(site, "alpha", f"[{GROUP}]\na = pkg_a\n")
-    _age(site)
+    info = _alpha(site)
     assert _pairs(entry_points(GROUP)) == [("a", "pkg_a")]
     (info / "entry_points.txt").write_text(f"[{GROUP}]\na = pkg_a2\n")    # folders unchanged
     _age(site, info)
     assert _pairs(entry_points(GROUP)) == [("a", "pkg_a2")]
 
 
-def test_a_folder_changed_just_now_is_not_cached(site: Path, tmp_path: Path) -> None:
-    _dist(site, "alpha", f"[{GROUP}]\na = pkg_a\n")     # the site folder: changed now
+def test_a_folder_changed_just_now_is_not_cached(site: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # "just now": within the settle window, made a day long so that no pause of a
+    # loaded machine between the change and the read can matter
+    monkeypatch.setattr(entrypoints, "SETTLE_S", 24 * 3600.0)
+    _alpha(site)        # (changed an hour ago)
     assert _pairs(entry_points(GROUP)) == [("a", "pkg_a")]
     assert _cached(tmp_path) == []
 
 
 def test_another_sys_path_is_another_answer(site: Path, tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    _dist(site, "alpha", f"[{GROUP}]\na = pkg_a\n")
-    _age(site)
+    _alpha(site)
     assert _pairs(entry_points(GROUP)) == [("a", "pkg_a")]
     more = tmp_path / "more"
     _dist(more, "beta", f"[{GROUP}]\nb = pkg_b\n")
@@ -130,8 +137,7 @@ def test_another_sys_path_is_another_answer(site: Path, tmp_path: Path,
 
 
 def test_a_damaged_cache_file_is_ignored_and_replaced(site: Path, tmp_path: Path) -> None:
-    _dist(site, "alpha", f"[{GROUP}]\na = pkg_a\n")
-    _age(site)
+    _alpha(site)
     entry_points(GROUP)
     (path,) = _cached(tmp_path)
     for damage in (b"{not json", b'{"layout": 1}', b"[]", b'{"layout": 1, "key": 3}'):
@@ -143,8 +149,7 @@ def test_a_damaged_cache_file_is_ignored_and_replaced(site: Path, tmp_path: Path
 def test_the_cache_keeps_the_files_written_last(site: Path, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(entrypoints, "KEEP", 3)
-    _dist(site, "alpha", f"[{GROUP}]\na = pkg_a\n")
-    _age(site)
+    _alpha(site)
     for n in range(5):      # five sys.paths, five keys
         extra = tmp_path / f"extra{n}"
         extra.mkdir()
@@ -163,8 +168,7 @@ def test_the_cache_keeps_the_files_written_last(site: Path, tmp_path: Path,
 def test_a_cache_file_others_may_write_is_not_trusted(site: Path, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     # the file names modules to import: one anybody could have written is scanned anew
-    _dist(site, "alpha", f"[{GROUP}]\na = pkg_a\n")
-    _age(site)
+    _alpha(site)
     entry_points(GROUP)
     (path,) = _cached(tmp_path)
     doc = json.loads(path.read_bytes())
@@ -176,10 +180,23 @@ def test_a_cache_file_others_may_write_is_not_trusted(site: Path, tmp_path: Path
     assert path.stat().st_mode & 0o777 == 0o600
 
 
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="giving a file to another user needs root")
+def test_a_cache_file_another_user_owns_is_not_trusted(site: Path, tmp_path: Path) -> None:
+    _alpha(site)
+    entry_points(GROUP)
+    (path,) = _cached(tmp_path)
+    doc = json.loads(path.read_bytes())
+    doc["eps"] = [["a", "planted_module"]]
+    path.write_text(json.dumps(doc))
+    os.chown(path, 65534, 65534)        # nobody's, mode 0600
+    assert _pairs(entry_points(GROUP)) == [("a", "pkg_a")]
+    assert path.stat().st_uid == os.geteuid()       # replaced by this user's
+
+
 def test_the_cache_can_be_turned_off(site: Path, tmp_path: Path,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    _dist(site, "alpha", f"[{GROUP}]\na = pkg_a\n")
-    _age(site)
+    _alpha(site)
     monkeypatch.setenv("LEDGERFLOW_PLUGIN_CACHE", "0")
     assert _pairs(entry_points(GROUP)) == [("a", "pkg_a")]
     assert _cached(tmp_path) == []
@@ -187,8 +204,7 @@ def test_the_cache_can_be_turned_off(site: Path, tmp_path: Path,
 
 def test_an_unwritable_cache_folder_still_answers(site: Path, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    _dist(site, "alpha", f"[{GROUP}]\na = pkg_a\n")
-    _age(site)
+    _alpha(site)
     (tmp_path / "cache").write_text("a file where the folder would be")
     assert _pairs(entry_points(GROUP)) == [("a", "pkg_a")]
 
@@ -202,8 +218,7 @@ def test_a_finder_of_its_own_distributions_turns_the_cache_off(
         def find_distributions(self, *args: object) -> list[object]:
             return []
 
-    _dist(site, "alpha", f"[{GROUP}]\na = pkg_a\n")
-    _age(site)
+    _alpha(site)
     monkeypatch.setattr(sys, "meta_path", [*sys.meta_path, Finder()])
     assert _pairs(entry_points(GROUP)) == [("a", "pkg_a")]
     assert _cached(tmp_path) == []
@@ -216,8 +231,7 @@ def test_the_importlib_metadata_backports_finder_keeps_the_cache_on(
         pytest.skip("the importlib_metadata backport is not installed")
     finder = _BACKPORT.MetadataPathFinder()
     monkeypatch.setattr(sys, "meta_path", [*sys.meta_path, finder])
-    _dist(site, "alpha", f"[{GROUP}]\na = pkg_a\n")
-    _age(site)
+    _alpha(site)
     assert _pairs(entry_points(GROUP)) == [("a", "pkg_a")]
     assert len(_cached(tmp_path)) == 1
 
