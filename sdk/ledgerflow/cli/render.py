@@ -243,10 +243,8 @@ def summary(view: RunView, *, all_rows: bool = False, every_row: bool = False) -
         for col in ("task", "state", "attempts", "duration", "error"):
             table.add_column(col, overflow="fold")
         for r in view.in_order():       # each task after what it reads from
-            state = r.state + (" (cached)" if r.cached_from else "")
+            state, err = _cells(r)
             # task keys hold [item] suffixes: escape them, or rich reads them as markup
-            # a success shows no error (the one of a lost or failed try before it)
-            err = "" if r.state == TaskState.SUCCEEDED else (r.error or "")[:120]
             table.add_row(escape(r.key), f"[{_COLOURS.get(r.state, 'white')}]{state}[/]",
                           str(r.attempts), _duration(r), escape(err))
     else:   # many tasks: one line per task name
@@ -288,6 +286,13 @@ def summary(view: RunView, *, all_rows: bool = False, every_row: bool = False) -
         console.print(f"driver is gone: resume with  pipeline resume {view.run_id}")
 
 
+def _cells(r: TaskRow) -> tuple[str, str]:
+    """A task row's state and error cells; a success shows no error (the one of a lost
+    or failed try before it)."""
+    state = r.state + (" (cached)" if r.cached_from else "")
+    return state, "" if r.state == TaskState.SUCCEEDED else (r.error or "")[:120]
+
+
 def _plain_rows(rows: list[TaskRow]) -> None:
     """Every task as a line of aligned columns (``status --all`` of a big run: rich
     lays a table out at ~0.6 ms a row, a minute for 100,000 tasks)."""
@@ -295,8 +300,7 @@ def _plain_rows(rows: list[TaskRow]) -> None:
     width = min(max(map(len, keys), default=4), 60)
     lines = [f"{'task':<{width}}  {'state':<28} {'attempts':>8} {'duration':>10}  error"]
     for r in rows:
-        state = r.state + (" (cached)" if r.cached_from else "")
-        err = "" if r.state == TaskState.SUCCEEDED else (r.error or "")[:120]
+        state, err = _cells(r)
         lines.append(f"{r.key:<{width}}  {state:<28} {r.attempts:>8} {_duration(r):>10}  "
                      f"{err}".rstrip())
     out("\n".join(lines))
