@@ -280,10 +280,11 @@ def test_a_drive_shorter_than_the_first_fold_is_folded_once_at_release(
     real = DuckDBStore.fold_run
 
     def counted(self: DuckDBStore, run_id: str, *, max_bytes: int | None = None,
-                archive_finished: bool = False, token: int | None = None) -> bool:
+                archive_finished: bool = False, token: int | None = None,
+                behind: bool = False) -> bool:
         bites.append(max_bytes)     # the background fold asks for a bite, release for all
         return real(self, run_id, max_bytes=max_bytes, archive_finished=archive_finished,
-                    token=token)
+                    token=token, behind=behind)
 
     monkeypatch.setattr(DuckDBStore, "fold_run", counted)
 

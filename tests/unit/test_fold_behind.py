@@ -4,6 +4,7 @@ once, its SQL tables catch up on a thread the interpreter waits for at exit."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -61,10 +62,10 @@ def gate(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     caller = threading.current_thread()
     real = DuckDBStore._fold_released
 
-    def gated(self: DuckDBStore, lease: Any) -> None:
+    def gated(self: DuckDBStore, lease: Any, behind: bool = False) -> None:
         if threading.current_thread() is not caller:
             shut.wait()
-        real(self, lease)
+        real(self, lease, behind)
     monkeypatch.setattr(DuckDBStore, "_fold_released", gated)
     return shut
 
@@ -85,6 +86,40 @@ def test_a_run_returns_before_its_fold_and_settle_waits_for_it(
     run.settle()
     assert _table_tasks(path, run.run_id) == [(f"one[{i}]", "succeeded") for i in range(3)]
     assert st.journals.archived(run.run_id)        # and its journal was archived after
+
+
+def test_a_ledger_removed_right_after_its_run_returns_is_not_made_again(
+        tmp_path: Path, gate: threading.Event, caplog: pytest.LogCaptureFixture) -> None:
+    """A temporary folder removed at the end of its block, its run's fold still behind:
+    the fold creates no new ledger there (nor the folder), and says nothing is wrong."""
+    folder = tmp_path / "tmp"
+    path = folder / "l.duckdb"
+    st = DuckDBStore(str(path), policy=BEHIND)
+    gate.set()
+    few.run(n=1, store=st, executor="inline").settle()     # the ledger exists, and is used
+    gate.clear()
+    run = few.run(n=3, store=st, executor="inline")
+    assert run.state == "succeeded"
+    shutil.rmtree(folder)           # what TemporaryDirectory's exit does
+    caplog.set_level("DEBUG", logger="ledgerflow")
+    gate.set()
+    run.settle()
+    assert not folder.exists()
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    assert "is gone, nothing to fold" in caplog.text
+
+
+def test_the_first_run_of_a_new_ledger_makes_its_file_before_it_returns(
+        tmp_path: Path, gate: threading.Event) -> None:
+    """No fold is behind it, so a folder removed as the run returns stays removed."""
+    folder = tmp_path / "tmp"
+    path = folder / "l.duckdb"
+    run = few.run(n=2, store=DuckDBStore(str(path), policy=BEHIND), executor="inline")
+    assert len(_table_tasks(path, run.run_id)) == 2      # at once, the gate still shut
+    shutil.rmtree(folder)
+    gate.set()
+    run.settle()
+    assert not folder.exists()
 
 
 def test_with_the_fold_before_return_the_tables_hold_the_run_at_once(

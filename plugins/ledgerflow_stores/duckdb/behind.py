@@ -13,6 +13,11 @@ or a ``pipeline run`` process ends with its tables current. This process's own
 reads wait for the file's lock meanwhile (and add the tail, as always); a
 takeover, ``pipeline fold`` and :func:`settle` wait for the fold itself. A
 process killed first leaves the journal, which the next writer folds.
+
+Only a file that exists is folded behind. The first run of a new ledger makes its
+file before it returns, and a fold behind never makes one: a run into a temporary
+folder removed as the run returns (``with TemporaryDirectory() as d:``) leaves
+nothing there, and no warning.
 """
 
 from __future__ import annotations

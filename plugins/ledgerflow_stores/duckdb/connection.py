@@ -89,6 +89,11 @@ def sql_string(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+class LedgerGoneError(StoreError):
+    """The ledger file was removed after a run was written to it: a fold behind that
+    run does not create it again (a temporary folder at the end of its block)."""
+
+
 class Attached:
     """A ledger file attached to :func:`instance`, on a cursor of its own that uses it
     as its default database; :meth:`close` detaches it (a write is checkpointed
@@ -269,8 +274,16 @@ class Ledger:
             os.close(fd)     # (and with it the lock)
 
     @contextlib.contextmanager
-    def connect(self, write: bool, timeout: float | None = None) -> Iterator[Any]:
-        """A connection for one read or one fold; None when reading a missing file."""
+    def connect(self, write: bool, timeout: float | None = None, *,
+                create: bool = True) -> Iterator[Any]:
+        """A connection for one read or one fold; None when reading a missing file.
+
+        ``create=False``: a write to a file that is not there raises
+        :class:`LedgerGoneError` and creates nothing.
+        """
+        if write and not create and not self.exists():
+            raise LedgerGoneError(f"ledger {self.location} is gone (removed since its run "
+                                  "was written)", hint="nothing to do: its runs went with it")
         marking = self.writers.writing() if write and self.writers else contextlib.nullcontext()
         with self.lock, marking:
             me = threading.get_ident()

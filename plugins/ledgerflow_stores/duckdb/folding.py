@@ -36,16 +36,25 @@ class Folding:
     def driver_alive(self, run_id: str) -> bool:
         raise NotImplementedError
 
-    def _fold_released(self, lease: Lease) -> None:
-        """Fold what a released run left (its lease stays until then), then drop the lease."""
+    def _fold_released(self, lease: Lease, behind: bool = False) -> None:
+        """Fold what a released run left (its lease stays until then), then drop the
+        lease; ``behind``: on a thread of its own, the caller gone on."""
         try:
-            self.fold_run(lease.run_id, archive_finished=True, token=lease.token)
+            self.fold_run(lease.run_id, archive_finished=True, token=lease.token,
+                          behind=behind)
         except StoreLockedError:
             # readers add the tail, the next writer folds it; SQL users are told
             log.warning("run %s: the ledger %s was locked by another process, so its SQL "
                         "tables are behind the journal until the next run or resume folds "
                         "it, or: pipeline fold --store %s", lease.run_id, self.location,
                         self.location)
+        except PipelineError:
+            if not behind or self.ledger.exists():
+                raise
+            # removed, before the fold or during it (a temporary folder at the end of its
+            # block): the run went with it
+            log.debug("run %s: the ledger %s is gone, nothing to fold", lease.run_id,
+                      self.location)
         finally:
             self.leases.remove(lease.run_id, lease.token)
 
@@ -71,7 +80,8 @@ class Folding:
             return self.folds.run(con, run_id, max_bytes=max_bytes, yield_to=waiting.any)
 
     def fold_run(self, run_id: str, *, max_bytes: int | None = None,
-                 archive_finished: bool = False, token: int | None = None) -> bool:
+                 archive_finished: bool = False, token: int | None = None,
+                 behind: bool = False) -> bool:
         """Fold ``run_id``'s journal now, in bites of ``policy.bite_bytes``.
 
         With ``max_bytes``, stop after about that much and return True if more
@@ -90,7 +100,7 @@ class Folding:
             # bounded wait, then at least one batch: the fold is never starved)
             waiting = self.ledger.waiting
             waiting.wait_gone(timeout=min(5.0, self.ledger.lock_timeout))
-            with self.ledger.connect(True) as con:
+            with self.ledger.connect(True, create=not behind) as con:
                 more = self.folds.run(con, run_id, max_bytes=bite, yield_to=waiting.any)
                 if more:
                     if budget is not None:

@@ -230,6 +230,10 @@ class Journals:
             try:
                 self.archive(run_id, upto)
             except OSError as exc:
+                if isinstance(exc, FileNotFoundError) and not self.folder.exists():
+                    log.debug("run %s: its journal folder %s is gone, nothing to archive",
+                              run_id, self.folder)
+                    return
                 log.warning("could not archive the journal of run %s (%s); the next fold "
                             "archives it", run_id, exc)
         _ARCHIVING.start(str(self.folder), run_id, work)
@@ -251,8 +255,17 @@ class Journals:
                 continue
             gz = seg.with_name(seg.name + ".gz")
             tmp = seg.with_name(seg.name + f".gz.{os.getpid()}.tmp")
-            out = os.fdopen(private.open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb")
-            with open(seg, "rb") as src, out, gzip.GzipFile(
+            try:
+                src = open(seg, "rb")
+            except FileNotFoundError:
+                continue        # removed meanwhile (its folder on the way out, say)
+            try:
+                out = os.fdopen(private.open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                                "wb")
+            except BaseException:
+                src.close()
+                raise
+            with src, out, gzip.GzipFile(
                     filename="", mode="wb", compresslevel=1, fileobj=out, mtime=0) as dst:
                 while chunk := src.read(1 << 20):
                     dst.write(chunk)

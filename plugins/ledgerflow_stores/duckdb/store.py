@@ -180,10 +180,13 @@ class DuckDBStore(Folding, RecordReads):
             return
         if not self.policy.fold_at_release:
             self.leases.remove(lease.run_id, lease.token)
-        elif self.policy.behind and not self.ledger.held():
+        elif self.policy.behind and not self.ledger.held() and self.ledger.exists():
             # the run is durable: its tables catch up behind it (not from within a read
-            # block of this thread, which holds the file the fold needs: folded here)
-            behind.start(self.location, lease.run_id, lambda: self._fold_released(lease))
+            # block of this thread, which holds the file the fold needs: folded here;
+            # nor the first run of a new ledger, whose file is made here: one made
+            # behind could land in a folder the caller removes as the run returns)
+            behind.start(self.location, lease.run_id,
+                         lambda: self._fold_released(lease, behind=True))
         else:
             self._fold_released(lease)
 
