@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -114,14 +115,21 @@ def test_an_entry_points_file_edited_in_place_is_read_again(site: Path) -> None:
     assert _pairs(entry_points(GROUP)) == [("a", "pkg_a2")]
 
 
+def _clock_at(monkeypatch: pytest.MonkeyPatch, ns: int) -> None:
+    """The cache's clock reads ``ns`` (no test depends on how long it takes)."""
+    monkeypatch.setattr(entrypoints, "time", types.SimpleNamespace(time_ns=lambda: ns))
+
+
 def test_a_folder_changed_just_now_is_not_cached(site: Path, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    # "just now": within the settle window, made a day long so that no pause of a
-    # loaded machine between the change and the read can matter
-    monkeypatch.setattr(entrypoints, "SETTLE_S", 24 * 3600.0)
-    _alpha(site)        # (changed an hour ago)
+    _alpha(site)
+    changed = site.stat().st_mtime_ns
+    _clock_at(monkeypatch, changed + int((entrypoints.SETTLE_S - 1) * 1e9))
     assert _pairs(entry_points(GROUP)) == [("a", "pkg_a")]
     assert _cached(tmp_path) == []
+    _clock_at(monkeypatch, changed + int((entrypoints.SETTLE_S + 1) * 1e9))   # settled
+    assert _pairs(entry_points(GROUP)) == [("a", "pkg_a")]
+    assert len(_cached(tmp_path)) == 1
 
 
 def test_another_sys_path_is_another_answer(site: Path, tmp_path: Path,
@@ -165,15 +173,21 @@ def test_the_cache_keeps_the_files_written_last(site: Path, tmp_path: Path,
     assert _pairs(entry_points(GROUP)) == [("a", "pkg_a")]
 
 
-def test_a_cache_file_others_may_write_is_not_trusted(site: Path, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    # the file names modules to import: one anybody could have written is scanned anew
+def _planted(site: Path, tmp_path: Path) -> Path:
+    """The cache file of :func:`_alpha`'s answer, rewritten to name another module."""
     _alpha(site)
     entry_points(GROUP)
     (path,) = _cached(tmp_path)
     doc = json.loads(path.read_bytes())
     doc["eps"] = [["a", "planted_module"]]
     path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_cache_file_others_may_write_is_not_trusted(site: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # the file names modules to import: one anybody could have written is scanned anew
+    path = _planted(site, tmp_path)
     path.chmod(0o666)
     assert _pairs(entry_points(GROUP)) == [("a", "pkg_a")]
     assert json.loads(path.read_bytes())["eps"] == [["a", "pkg_a"]]     # replaced
@@ -183,12 +197,7 @@ def test_a_cache_file_others_may_write_is_not_trusted(site: Path, tmp_path: Path
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
                     reason="giving a file to another user needs root")
 def test_a_cache_file_another_user_owns_is_not_trusted(site: Path, tmp_path: Path) -> None:
-    _alpha(site)
-    entry_points(GROUP)
-    (path,) = _cached(tmp_path)
-    doc = json.loads(path.read_bytes())
-    doc["eps"] = [["a", "planted_module"]]
-    path.write_text(json.dumps(doc))
+    path = _planted(site, tmp_path)
     os.chown(path, 65534, 65534)        # nobody's, mode 0600
     assert _pairs(entry_points(GROUP)) == [("a", "pkg_a")]
     assert path.stat().st_uid == os.geteuid()       # replaced by this user's

@@ -16,7 +16,9 @@ import pytest
 
 import ledgerflow
 from ledgerflow import pipeline, task
+from ledgerflow.errors import StoreError
 from ledgerflow_stores.duckdb import DuckDBStore, FoldPolicy, behind
+from ledgerflow_stores.duckdb.fold import Fold
 from ledgerflow_stores.duckdb.journal import Journals
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,6 +109,32 @@ def test_a_ledger_removed_right_after_its_run_returns_is_not_made_again(
     assert not folder.exists()
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
     assert "is gone, nothing to fold" in caplog.text
+
+
+@pytest.mark.parametrize("removed", [True, False])
+def test_a_fold_behind_that_fails_warns_unless_its_ledger_went_meanwhile(
+        tmp_path: Path, gate: threading.Event, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch, removed: bool) -> None:
+    path = tmp_path / "l.duckdb"
+    st = DuckDBStore(str(path), policy=BEHIND)
+    gate.set()
+    few.run(n=1, store=st, executor="inline").settle()     # the ledger exists
+    gate.clear()
+
+    def failing(self: Fold, *args: Any, **kwargs: Any) -> bool:
+        if removed:         # the folder went while the fold ran
+            path.unlink()
+        raise StoreError(f"cannot open ledger {path}: No such file or directory")
+    monkeypatch.setattr(Fold, "run", failing)
+    run = few.run(n=2, store=st, executor="inline")
+    caplog.set_level("DEBUG", logger="ledgerflow")
+    gate.set()
+    run.settle()
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    if removed:
+        assert not warned and "is gone, nothing to fold" in caplog.text
+    else:
+        assert len(warned) == 1 and "folding its journal" in warned[0]
 
 
 def test_the_first_run_of_a_new_ledger_makes_its_file_before_it_returns(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ledgerflow_stores.duckdb import journal
 from ledgerflow_stores.duckdb.journal import Journals
 
 
@@ -77,3 +78,37 @@ def test_an_archiving_that_fails_leaves_the_journal_live_for_the_next_fold(
     monkeypatch.setattr(Journals, "archive", real)
     journals.archive("r")                  # what the next fold does with it
     assert journals.runs() == set() and [t for t, _ in journals.archived("r")] == [1]
+
+
+def test_a_segment_removed_before_its_archiving_is_skipped(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    live = _segment(tmp_path, "r.1.jsonl", 3)
+    journals = Journals(tmp_path)
+    listed = journals._glob("r.*.jsonl", "r")
+    live.unlink()                       # listed, then removed (its folder on the way out)
+    monkeypatch.setattr(Journals, "_glob", lambda self, pattern, run_id: listed)
+    journals.archive("r")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_journal_folder_removed_while_it_is_archived_is_not_warned_about(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    folder = tmp_path / "journals"
+    folder.mkdir()
+    _segment(folder, "r.1.jsonl", 3)
+    real = journal.private.open_file
+
+    def folder_gone(path: Path, flags: int) -> int:     # read, then the folder went
+        (folder / "r.1.jsonl").rename(tmp_path / "kept")
+        folder.rmdir()
+        return real(path, flags)
+    monkeypatch.setattr(journal.private, "open_file", folder_gone)
+    caplog.set_level("DEBUG", logger="ledgerflow")
+    journals = Journals(folder)
+    journals.archive_soon("r")
+    journals.settle()
+    assert not folder.exists()
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    assert "is gone, nothing to archive" in caplog.text

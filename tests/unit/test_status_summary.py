@@ -210,7 +210,7 @@ def test_status_explain_and_the_run_list_each_task_after_what_it_reads(tmp_path)
 
 
 def test_status_all_of_a_big_run_lists_every_task_in_plain_columns(tmp_path) -> None:
-    # above 500 rows --all prints aligned lines, not a rich table (~0.6 ms a row)
+    # above 500 rows --all prints aligned lines, not a rich table
     path = str(tmp_path / "l.duckdb")
     run = big.run(n=300, store=path, executor="inline").settle()
     out = subprocess.run([sys.executable, "-m", "ledgerflow", "status", run.run_id,
