@@ -62,6 +62,7 @@ _SUCCEEDED, _PENDING = TaskState.SUCCEEDED.value, TaskState.PENDING
 _PENDING_V = _PENDING.value
 _LOST, _OK = Outcome.LOST.value, Outcome.OK.value
 _RUNNING = TaskState.RUNNING.value
+_READY_V = TaskState.READY.value
 
 
 class Journal:
@@ -251,10 +252,12 @@ class Journal:
             self._step(inst, _SUCCEEDED, "", False)
             done = Succeeded(self.seq, inst.key, inst.attempt, c.started_at, c.ended_at,
                              inst.fp, enc.hash, enc.kind, data, uri, enc.size, time.time())
-            if plain:
-                buf.append(done)
-            else:
+            if not plain:
                 buf[-1] = done
+            elif buf and _carries_dispatch(done, buf[-1]):
+                buf[-1] = done      # its dispatch, not written yet (the lag), is in it
+            else:
+                buf.append(done)
         else:
             buf.append(ResultRecorded(inst.key, inst.attempt, inst.fp, enc.hash, enc.kind,
                                       data, uri, enc.size, None))
@@ -390,6 +393,30 @@ class LagWriter:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def _carries_dispatch(done: Succeeded, last: Record) -> bool:
+    """Let ``done`` (format 4) stand for ``last`` too, if ``last`` is the dispatch of the
+    same attempt right before it (``[pending ->] ready -> running``, as the runner moves
+    it) that no commit wrote yet: one record a plain in-driver attempt, not two."""
+    if type(last) is not Transition:
+        return False
+    e: Transition = last  # type: ignore[assignment]
+    a = done.attempt
+    if e.task_key != done.task_key:
+        return False
+    if e.then_state is None:
+        if e.seq != done.seq - 1 or e.attempt != a or e.from_state != _READY_V \
+                or e.to_state != _RUNNING or e.reason != f"attempt {a}":
+            return False
+        done.run_ts = e.ts
+        return True
+    if e.seq != done.seq - 2 or e.attempt != a - 1 or e.from_state != _PENDING_V \
+            or e.to_state != _READY_V or e.reason or e.then_state != _RUNNING \
+            or e.then_attempt != a or e.then_reason != f"attempt {a}":
+        return False
+    done.run_ts, done.ready_ts = e.then_ts, e.ts
+    return True
 
 
 def driver_header(token: int) -> DriverHeader:

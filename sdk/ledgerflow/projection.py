@@ -20,6 +20,7 @@ from .records import (
     Succeeded,
     TaskCreated,
     Transition,
+    dispatch_moves,
 )
 from .states import RUN_TERMINAL, TERMINAL, TaskState
 from .views import RunView, TaskRow, error_text
@@ -95,6 +96,10 @@ def apply(view: RunView, records: Iterable[Record]) -> RunView:
         elif t is Succeeded:
             s: Succeeded = rec  # type: ignore[assignment]
             row = _row(view, s.task_key)
+            if s.run_ts is not None:        # format 4: its dispatch too
+                for m in dispatch_moves(s):
+                    _moved(view, row, m.seq, m.attempt, m.from_state, m.to_state, m.reason,
+                           m.ts)
             _ended(row, s.attempt, None)        # an ok attempt: no error text
             _result(row, s, None)
             _moved(view, row, s.seq, s.attempt, _RUNNING, _SUCCEEDED, "", s.ts)

@@ -14,7 +14,10 @@ task in as few records as the meaning allows. A :class:`TaskCreated` with a
 ``seq`` also says the task went ``pending``; a :class:`TaskCreated` or
 :class:`Transition` with a ``then_state`` also carries the task's next move
 (``seq + 1``); a :class:`Succeeded` is an attempt that ended ok, its result
-and the task's success in one. Those extra fields (:attr:`Record.COMPACT`)
+and the task's success in one. Version 4 lets a :class:`Succeeded` also carry the
+dispatch before it (``run_ts``: ``ready -> running`` as move ``seq - 1``; ``ready_ts``:
+``pending -> ready`` as move ``seq - 2`` before that), the one or two moves an in-driver
+attempt's dispatch made within the commit lag. Those extra fields (:attr:`Record.COMPACT`)
 are no table columns: :func:`expand` turns a v3 line into the v2 records it
 stands for, and :func:`decode_line` returns them expanded, so readers see one
 shape (the DuckDB fold expands in SQL; the store contract suite keeps the
@@ -32,7 +35,7 @@ from typing import Any, ClassVar, Final, Union
 import msgspec
 
 #: The record format this release writes (see the module docstring).
-FORMAT_VERSION: Final = 3
+FORMAT_VERSION: Final = 4
 
 
 class Record(msgspec.Struct, array_like=True, gc=False):
@@ -159,7 +162,14 @@ class ResultRecorded(Record, tag="R"):
 class Succeeded(Record, tag="O"):
     """Format 3: an attempt ended ``ok`` with its result, and its task went from running
     to succeeded as move ``seq`` at ``ts``: the :class:`AttemptEnded`, the
-    :class:`ResultRecorded` and the :class:`Transition` it stands for (:func:`expand`)."""
+    :class:`ResultRecorded` and the :class:`Transition` it stands for (:func:`expand`).
+
+    Format 4: with ``run_ts``, the dispatch of the attempt too: ``ready -> running``
+    (reason ``attempt N``) as move ``seq - 1`` at ``run_ts``, and with ``ready_ts``
+    ``pending -> ready`` (attempt ``N - 1``, no reason) as move ``seq - 2`` before it.
+    """
+
+    COMPACT = ("run_ts", "ready_ts")
 
     seq: int
     task_key: str
@@ -173,6 +183,8 @@ class Succeeded(Record, tag="O"):
     uri: str | None
     size: int
     ts: float
+    run_ts: float | None = None
+    ready_ts: float | None = None
 
 
 class ArtifactRecorded(Record, tag="L"):
@@ -355,7 +367,8 @@ def decode_line(line: bytes) -> list[AnyRecord]:
     return expand(_line_decoder.decode(line))  # type: ignore[return-value]
 
 
-_PENDING, _RUNNING, _OK, _SUCCEEDED = "pending", "running", "ok", "succeeded"
+_PENDING, _READY, _RUNNING = "pending", "ready", "running"
+_OK, _SUCCEEDED = "ok", "succeeded"
 
 
 def expand(records: Sequence[Record]) -> list[Record]:
@@ -387,6 +400,8 @@ def expand(records: Sequence[Record]) -> list[Record]:
                                c.then_reason, c.then_ts))
         elif t is Succeeded:
             s: Succeeded = r  # type: ignore[assignment]
+            if s.run_ts is not None:
+                out.extend(dispatch_moves(s))
             add(AttemptEnded(s.task_key, s.attempt, _OK, s.started_at, s.ended_at, "", "", ""))
             add(ResultRecorded(s.task_key, s.attempt, s.fingerprint, s.content_hash, s.kind,
                                s.data, s.uri, s.size, None))
@@ -394,6 +409,19 @@ def expand(records: Sequence[Record]) -> list[Record]:
         else:
             add(r)
     return out
+
+
+def dispatch_moves(s: Succeeded) -> list[Transition]:
+    """The moves of the dispatch a format-4 :class:`Succeeded` carries (``run_ts``), in
+    order: ``pending -> ready`` (with ``ready_ts``), then ``ready -> running``."""
+    moves = []
+    if s.ready_ts is not None:
+        moves.append(Transition(s.seq - 2, s.task_key, s.attempt - 1, _PENDING, _READY, "",
+                                s.ready_ts))
+    if s.run_ts is not None:
+        moves.append(Transition(s.seq - 1, s.task_key, s.attempt, _READY, _RUNNING,
+                                f"attempt {s.attempt}", s.run_ts))
+    return moves
 
 
 def encode(record: Record) -> bytes:

@@ -366,6 +366,35 @@ def test_a_plain_tasks_moves_live_in_its_row_and_read_as_events(tmp_path) -> Non
     assert (view, kept) == (28, 7) and rows <= view / 3
 
 
+@pipeline
+def plain_fan(n: int):
+    return total(one.map(list(range(n))))
+
+
+@pytest.mark.parametrize("pipe", [wide, plain_fan], ids=["made-ready", "fan-out"])
+def test_a_dispatch_within_the_commit_lag_rides_in_its_success_and_lives_in_the_row(
+        tmp_path, monkeypatch, pipe) -> None:
+    """Format 4 and schema 6: an in-driver attempt's dispatch that no commit wrote yet is
+    carried by its success record, folded into the task's row and read back by
+    ``events`` as the moves the memory store gives (tasks with retries never start
+    before their start is committed: ``fan``'s fold through ``event_rows``)."""
+    import duckdb
+
+    monkeypatch.setenv("LEDGERFLOW_COMMIT_LAG", "3600")    # no commit is due meanwhile
+    path = tmp_path / "l.duckdb"
+    mem = pipe.run(n=6, store=f"memory:{tmp_path}", executor="inline")
+    disk = pipe.run(n=6, store=str(path), executor="inline").settle()
+    assert _moves(disk) == _moves(mem)
+    con = duckdb.connect(str(path), read_only=True)
+    (rows,), (carried,) = (con.execute(sql, [disk.run_id]).fetchone() for sql in (
+        "SELECT count(*) FROM event_rows WHERE run_id = ? AND to_state = 'running'",
+        "SELECT count(*) FROM tasks WHERE run_id = ? AND ok_run_ts IS NOT NULL"))
+    con.close()
+    running = sum(1 for m in _moves(disk) if m[4] == "running")
+    # each dispatch written once; only the first may have been committed on its own
+    assert rows + carried == running and rows <= 1, (rows, carried, running)
+
+
 def test_repair_copies_the_events_of_a_schema_4_file_into_event_rows(tmp_path) -> None:
     """A run folded by a release at schema version 4 whose journal is gone, in a file
     too damaged to upgrade (its version says 3): ``repair`` copies the run's rows from

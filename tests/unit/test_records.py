@@ -6,6 +6,7 @@ import gzip
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -89,6 +90,19 @@ COMPACT = [
      [AttemptEnded("b", 1, "ok", 5.5, 6.0, "", "", ""),
       ResultRecorded("b", 1, "fp", "h", "json", "1", None, 1, None),
       Transition(7, "b", 1, "running", "succeeded", "", 6.25)]),
+    # format 4: a success that carries its attempt's dispatch (a fan-out child's; a chain
+    # link's, made ready just before)
+    (Succeeded(8, "c", 1, 5.5, 6.0, "fp", "h", "json", "1", None, 1, 6.25, 5.25),
+     [Transition(7, "c", 1, "ready", "running", "attempt 1", 5.25),
+      AttemptEnded("c", 1, "ok", 5.5, 6.0, "", "", ""),
+      ResultRecorded("c", 1, "fp", "h", "json", "1", None, 1, None),
+      Transition(8, "c", 1, "running", "succeeded", "", 6.25)]),
+    (Succeeded(9, "d", 3, 5.5, 6.0, None, "h", "json", "1", None, 1, 6.25, 5.25, 5.0),
+     [Transition(7, "d", 2, "pending", "ready", "", 5.0),
+      Transition(8, "d", 3, "ready", "running", "attempt 3", 5.25),
+      AttemptEnded("d", 3, "ok", 5.5, 6.0, "", "", ""),
+      ResultRecorded("d", 3, None, "h", "json", "1", None, 1, None),
+      Transition(9, "d", 3, "running", "succeeded", "", 6.25)]),
 ]
 
 
@@ -116,14 +130,25 @@ def test_an_outcome_record_reads_as_the_records_it_stands_for(
     assert apply(RunView("r"), [record]) == apply(RunView("r"), stands_for)
 
 
-def test_a_run_writes_outcome_records_and_reads_as_before(tmp_path: Path) -> None:
+def _journal(tmp_path: Path, run_id: str) -> list[list[Any]]:
+    (_, journal), = DuckDBStore(str(tmp_path / "l.duckdb")).journals.archived(run_id)
+    return [r for line in gzip.decompress(journal.read_bytes()).splitlines()
+            for r in json.loads(line.rsplit(b"\t", 1)[0])]
+
+
+@pytest.mark.parametrize("lag", ["0", "3600"])
+def test_a_run_writes_outcome_records_and_reads_as_before(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lag: str) -> None:
     """A chain's task is three records: created (+ pending), ready (+ running), succeeded
-    (the first is ready when created)."""
+    (the first is ready when created). Within the commit lag (format 4), a dispatch no
+    commit wrote yet rides in its attempt's success: two records a task."""
+    monkeypatch.setenv("LEDGERFLOW_COMMIT_LAG", lag)
     run = _chain.run(store=str(tmp_path / "l.duckdb"), executor="inline").settle()
-    (_, journal), = DuckDBStore(str(tmp_path / "l.duckdb")).journals.archived(run.run_id)
-    kinds = [r[0] for line in gzip.decompress(journal.read_bytes()).splitlines()
-             for r in json.loads(line.rsplit(b"\t", 1)[0])]
-    assert kinds.count("T") == 3 and kinds.count("O") == 3 and kinds.count("E") == 3
+    recs = _journal(tmp_path, run.run_id)
+    kinds = [r[0] for r in recs]
+    carried = [r[2] for r in recs if r[0] == "O" and r[-2] is not None]     # its run_ts
+    assert kinds.count("T") == 3 and kinds.count("O") == 3
+    assert kinds.count("E") == (3 if lag == "0" else 1) and len(carried) == 3 - kinds.count("E")
     assert "A" not in kinds and "R" not in kinds
     events = run.events()
     assert [e["seq"] for e in events] == list(range(1, 13))

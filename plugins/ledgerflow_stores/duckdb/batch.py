@@ -9,16 +9,16 @@ kind a staging query derived from the record's declaration
 ``INSERT ... SELECT`` appends each kind to its table, and one ``UPDATE``
 brings ``tasks`` to the current state: the SQL twin of
 :func:`ledgerflow.projection.apply`, which the store contract suite keeps
-equal. A task created in the batch is inserted in the state the batch leaves it,
-and its row keeps the moves of its creation (and, in a batch without failed
-attempts, of its first success) that ``events`` reads (:data:`.schema.EVENTS_VIEW`)
-instead of an ``event_rows`` row each.
+equal. A task created in the batch is inserted in the state the batch leaves it
+(:mod:`.taskrows`), and its row keeps the moves of its creation (and, in a batch
+without failed attempts, of its first success and the dispatch that carries) that
+``events`` reads (:data:`.schema.EVENTS_VIEW`): they are neither staged in ``lf_e``
+nor written as ``event_rows``.
 """
 
 from __future__ import annotations
 
 import functools
-import re
 import types
 import typing
 from pathlib import Path
@@ -36,9 +36,10 @@ from ledgerflow.records import (
     columns,
     field_types,
 )
-from ledgerflow.states import RUN_TERMINAL, TERMINAL
+from ledgerflow.states import RUN_TERMINAL
 
-_TERMINAL_SQL = "(" + ",".join(f"'{s.value}'" for s in sorted(TERMINAL)) + ")"
+from .taskrows import last_seq, task_insert, task_update, touched
+
 RUN_TERMINAL_VALUES = frozenset(s.value for s in RUN_TERMINAL)
 
 
@@ -85,6 +86,13 @@ _EXPANSIONS: dict[type[Record], list[tuple[type[Record], int, str, dict[str, str
                                       "to_state": "'pending'", "reason": "''", "ts": '"at"'}),
         (TaskCreated, 1, "seq > 0 AND then_state IS NOT NULL",
          {**_MOVE_ON, "from_state": "'pending'"}),
+        # format 4: the dispatch an outcome record carries (ledgerflow.records.dispatch_moves)
+        (Succeeded, 0, "ready_ts IS NOT NULL",
+         {"seq": "seq - 2", "attempt": "attempt - 1", "from_state": "'pending'",
+          "to_state": "'ready'", "reason": "''", "ts": "ready_ts"}),
+        (Succeeded, 1, "run_ts IS NOT NULL",
+         {"seq": "seq - 1", "from_state": "'ready'", "to_state": "'running'",
+          "reason": "'attempt ' || attempt::VARCHAR", "ts": "run_ts"}),
         (Succeeded, 2, "TRUE", {"from_state": "'running'", "to_state": "'succeeded'",
                                 "reason": "''"}),
     ],
@@ -121,6 +129,12 @@ def stage_sources(con: Any, kinds: set[str], run_id: str) -> None:
             con.execute("CREATE OR REPLACE TEMP TABLE lf_src_t AS SELECT *, task_key NOT IN "
                         "(SELECT task_key FROM tasks WHERE run_id = ?) AS new FROM "
                         f"({stage_sql(kind, compact=True)})", [run_id])
+        elif tag == "O" and tag in kinds:
+            # (whether a new task's row keeps it: its first, :data:`_KEPT_IN_ROW`)
+            first = ("task_key IN (SELECT task_key FROM lf_src_t WHERE new) AND i IN "
+                     "(SELECT min(i) FROM s GROUP BY task_key)") if "T" in kinds else "FALSE"
+            con.execute("CREATE OR REPLACE TEMP TABLE lf_src_o AS WITH s AS MATERIALIZED "
+                        f"({stage_sql(kind, compact=True)}) SELECT *, {first} AS first FROM s")
         elif tag in kinds:
             con.execute(f"CREATE OR REPLACE TEMP TABLE lf_src_{tag.lower()} AS "
                         f"{stage_sql(kind, compact=True)}")
@@ -128,11 +142,10 @@ def stage_sources(con: Any, kinds: set[str], run_id: str) -> None:
 
 #: Per source tag, which of the events its records stand for a new task's row keeps
 #: (:data:`.schema.EVENTS_VIEW`): a creation's two moves, and the success of the task's
-#: first outcome record in the batch.
+#: first outcome record in the batch, with the dispatch it carries (format 4).
 _KEPT_IN_ROW = {
     "T": "new",
-    "O": "i IN (SELECT min(i) FROM lf_src_o WHERE task_key IN "
-         "(SELECT task_key FROM lf_src_t WHERE new) GROUP BY task_key)",
+    "O": "first",
 }
 
 
@@ -140,8 +153,9 @@ _KEPT_IN_ROW = {
 def _expanded_sql(kind: type[Record], tags: frozenset[str],
                   kept: frozenset[str] = frozenset()) -> str:
     """The typed rows of ``kind`` that the batch's records of ``tags`` stand for, in the
-    order :func:`ledgerflow.records.expand` gives them (``i``). Events also say whether
-    a task row keeps them (``in_row``), for the records of ``kept``."""
+    order :func:`ledgerflow.records.expand` gives them (``i``); for events, but those a
+    new task's row keeps (of the records of ``kept``: the row is written with what they
+    say, :func:`.taskrows.task_insert`, and ``events`` reads them from it)."""
     parts = []
     for src, sub, where, exprs in _EXPANSIONS[kind]:
         tag = src.__struct_config__.tag
@@ -149,8 +163,8 @@ def _expanded_sql(kind: type[Record], tags: frozenset[str],
             continue
         cols = ", ".join(f'{exprs.get(c) or chr(34) + c + chr(34)} AS "{c}"'
                          for c in columns(kind))
-        if kind is Transition:
-            cols += f", {_KEPT_IN_ROW[tag] if tag in kept else 'FALSE'} AS in_row"
+        if kind is Transition and tag in kept:
+            where = f"({where}) AND NOT ({_KEPT_IN_ROW[tag]})"
         source = f"lf_src_{tag.lower()}" if src in _SOURCES else f"({stage_sql(src)})"
         parts.append(f"SELECT i * 4 + {sub} AS i, {cols} FROM {source} WHERE {where}")
     if len(parts) == 1 or kind is Transition:      # events are read by seq
@@ -169,170 +183,12 @@ def _append_sql(kind: type[Record], source: str) -> str:
     token = ", token" if kind.TOKENED else ""
     params = ", ?" if kind.TOKENED else ""
     table = _PHYSICAL.get(kind.TABLE or "", kind.TABLE)
-    where = " WHERE NOT in_row" if kind is Transition else ""
     return (f"INSERT INTO {table} (run_id, {cols}{token}) "
-            f"SELECT ?, {cols}{params} FROM {source}{where}")
+            f"SELECT ?, {cols}{params} FROM {source}")
 
 
 #: Kinds staged into temporary tables (the task update reads them too).
 _STAGED: dict[str, type[Record]] = {"E": Transition, "A": AttemptEnded, "R": ResultRecorded}
-
-
-def _result_sets(alias: str) -> dict[str, str]:
-    """The ``tasks`` result columns, from the summary ``alias`` of a task's results."""
-    return {col: f"CASE WHEN {alias}.task_key IS NULL THEN tasks.{col} ELSE {alias}.{src} END"
-            for col, src in (("fingerprint", "fingerprint"), ("result_hash", "content_hash"),
-                             ("result_kind", "kind"), ("result_data", "data"),
-                             ("result_uri", "uri"), ("result_size", "size"),
-                             ("cached_from", "cached_from"), ("result_attempt", "attempt"))}
-
-
-#: Per staged kind: the per-task summary of a batch, and the ``tasks`` columns it sets.
-_SUMMARIES: dict[str, tuple[str, dict[str, str]]] = {
-    # a resume reset (to pending from a state) times the task afresh: its start is the
-    # first running after the last reset
-    "E": ("""SELECT task_key, arg_max(to_state, seq) AS state, max(attempt) AS attempts,
-                    min(ts) FILTER (WHERE to_state = 'running' AND seq > coalesce(reset_seq, -1))
-                        AS started_at,
-                    arg_max(ts, seq) AS last_at,
-                    arg_max(attempt, seq) FILTER (WHERE to_state = 'pending'
-                                                  AND from_state IS NOT NULL) AS budget_base,
-                    list({'i': i, 'reason': reason} ORDER BY i) FILTER (WHERE to_state IN
-                         ('failed', 'upstream_failed') AND reason <> '') AS fails
-              FROM (SELECT *, max(seq) FILTER (WHERE to_state = 'pending'
-                                               AND from_state IS NOT NULL)
-                              OVER (PARTITION BY task_key) AS reset_seq FROM lf_e)
-              GROUP BY task_key""",
-          {"state": "coalesce(e.state, tasks.state)",
-           "started_at": "CASE WHEN e.budget_base IS NOT NULL THEN e.started_at "
-                         "ELSE coalesce(tasks.started_at, e.started_at) END",
-           "ended_at": f"CASE WHEN e.state IN {_TERMINAL_SQL} THEN e.last_at "
-                       "WHEN e.budget_base IS NOT NULL THEN NULL ELSE tasks.ended_at END",
-           "budget_base": "coalesce(e.budget_base, tasks.budget_base)"}),
-    # the error text: ledgerflow.views.error_text in SQL
-    "A": ("""SELECT task_key, max(attempt) AS attempts, max(i) AS last_i,
-                    arg_max_null(CASE WHEN outcome IN ('ok', 'waiting') THEN NULL
-                         WHEN outcome IN ('timeout', 'lost', 'cancelled') THEN
-                             CASE WHEN coalesce(error_message, '') = '' THEN outcome
-                                  ELSE outcome || ': ' || error_message END
-                         WHEN coalesce(error_type, '') = '' THEN error_message
-                         ELSE error_type || ': ' || error_message END, i) AS error
-             FROM lf_a GROUP BY task_key""",
-          {}),
-    # (the error column is set from A and E together: see _ERROR)
-    "R": ("""SELECT task_key, arg_max_null(fingerprint, i) AS fingerprint,
-                    arg_max_null(content_hash, i) AS content_hash,
-                    arg_max_null(kind, i) AS kind, arg_max_null(data, i) AS data,
-                    arg_max_null(uri, i) AS uri, arg_max_null(size, i) AS size,
-                    arg_max_null(cached_from, i) AS cached_from,
-                    arg_max_null(attempt, i) AS attempt
-             FROM lf_r GROUP BY task_key""",
-          _result_sets("r")),
-}
-#: A batch whose attempts and results all stand in outcome records (``O``: format 3's
-#: usual batch) summarises them from ``lf_src_o`` at once: the ``A`` and ``R`` summaries
-#: of the rows they stand for (an ok attempt: no error; a result: not cached), in one
-#: subquery and one join (the task rows' statement plans in ~3 ms less).
-_SUMMARIES["O"] = (
-    """SELECT task_key, max(attempt) AS attempts, max(i) * 4 AS last_i,
-              arg_max_null(fingerprint, i) AS fingerprint,
-              arg_max_null(content_hash, i) AS content_hash, arg_max_null(kind, i) AS kind,
-              arg_max_null(data, i) AS data, arg_max_null(uri, i) AS uri,
-              arg_max_null(size, i) AS size, NULL::VARCHAR AS cached_from,
-              arg_max_null(attempt, i) AS attempt, arg_min(seq, i) AS ok_seq,
-              arg_min(attempt, i) AS ok_attempt, arg_min(ts, i) AS ok_ts
-       FROM lf_src_o GROUP BY task_key""",
-    _result_sets("o"))
-#: The table each summary reads (the task keys a batch touches).
-_SOURCE_OF = {"E": "lf_e", "A": "lf_a", "R": "lf_r", "O": "lf_src_o"}
-
-#: The ``error`` column, by which of A and E a batch holds, as the projection applies
-#: records in order: the last attempt's error; else why the task failed without one (a
-#: refused approval, an upstream that failed), from the first such move after that
-#: attempt (an earlier one is overwritten by the attempt, even by an ok one).
-_ERROR: dict[tuple[bool, bool], str] = {
-    (True, False): "CASE WHEN a.task_key IS NULL THEN tasks.error ELSE a.error END",
-    (False, True): "coalesce(tasks.error, e.fails[1].reason)",
-    (True, True): "coalesce(CASE WHEN a.task_key IS NULL THEN tasks.error ELSE a.error END, "
-                  "list_filter(e.fails, lambda f: f.i > coalesce(a.last_i, -1))[1].reason)",
-}
-#: The same with the attempts in outcome records (``O``, which stand for E rows too):
-#: an ok attempt has no error.
-_ERROR_O = ("coalesce(CASE WHEN o.task_key IS NULL THEN tasks.error END, "
-            "list_filter(e.fails, lambda f: f.i > coalesce(o.last_i, -1))[1].reason)")
-
-
-def _touched(kinds: list[str], *, skip_new: bool) -> str:
-    """The task keys the batch's events, attempts and results name (``skip_new``: but
-    not the tasks it creates)."""
-    keys = " UNION ".join(f"SELECT task_key FROM {_SOURCE_OF[k]}" for k in kinds)
-    if skip_new:
-        keys = f"SELECT task_key FROM ({keys}) EXCEPT SELECT task_key FROM lf_src_t WHERE new"
-    return keys
-
-
-def _task_update(kinds: list[str], *, skip_new: bool = False) -> str:
-    """One UPDATE of ``tasks`` from the batch's events, attempts and results.
-
-    ``skip_new``: leave out the new tasks of ``lf_src_t`` (created in this batch, inserted
-    with their state already by :func:`_task_insert`).
-    """
-    keys = _touched(kinds, skip_new=skip_new)
-    joins = " ".join(f"LEFT JOIN ({_SUMMARIES[k][0]}) {k.lower()} "
-                     f"ON {k.lower()}.task_key = k.task_key" for k in kinds)
-    sets = ", ".join(f"{col} = {expr}" for col, expr in _task_sets(kinds).items())
-    return (f"UPDATE tasks SET {sets} FROM ({keys}) k {joins} "
-            f"WHERE tasks.run_id = ? AND tasks.task_key = k.task_key")
-
-
-def _task_sets(kinds: list[str]) -> dict[str, str]:
-    """The columns the task update sets for a batch holding ``kinds`` (of E, A, R, O), and
-    their expressions (over ``tasks.*`` and the batch's summaries)."""
-    sets: dict[str, str] = {}
-    for k in kinds:
-        sets.update(_SUMMARIES[k][1])
-    if "O" in kinds:
-        sets["error"] = _ERROR_O
-    elif "A" in kinds or "E" in kinds:
-        sets["error"] = _ERROR[("A" in kinds, "E" in kinds)]
-    counts = ", ".join(f"coalesce({k.lower()}.attempts, 0)" for k in kinds if k != "R")
-    if counts:
-        sets["attempts"] = f"greatest(tasks.attempts, {counts})"
-    return sets
-
-
-#: What a task row holds when it is created (``tasks.X`` in :func:`_task_sets` for a
-#: task created in the same batch).
-_NEW_TASK = {"state": "'pending'", "attempts": "0", "budget_base": "0"}
-_TASK_STATE_COLUMNS = ("state", "attempts", "budget_base", "started_at", "ended_at", "error",
-                       "fingerprint", "result_hash", "result_kind", "result_data",
-                       "result_uri", "result_size", "cached_from", "result_attempt")
-#: The moves a new task's row keeps (:data:`_KEPT_IN_ROW`; ``$2``: the batch's token):
-#: its creation's, and with the outcome records summarised (``O``) its first success's.
-_CREATED = {"created_seq": "CASE WHEN t.seq > 0 THEN t.seq END",
-            "created_ts": 'CASE WHEN t.seq > 0 THEN t."at" END',
-            "created_token": "CASE WHEN t.seq > 0 THEN $2 END",
-            **{f"then_{f}": f"CASE WHEN t.seq > 0 THEN t.then_{f} END"
-               for f in ("state", "attempt", "reason", "ts")}}
-_SUCCEEDED = {"ok_seq": "o.ok_seq", "ok_attempt": "o.ok_attempt", "ok_ts": "o.ok_ts",
-              "ok_token": "CASE WHEN o.ok_seq IS NOT NULL THEN $2 END"}
-
-
-def _task_insert(kinds: list[str]) -> str:
-    """One INSERT of the tasks created in this batch (``new``), with the state the
-    batch's events, attempts and results leave them in: the same expressions as
-    :func:`_task_update`, applied to a row as created (one write a task, not two)."""
-    joins = " ".join(f"LEFT JOIN ({_SUMMARIES[k][0]}) {k.lower()} "
-                     f"ON {k.lower()}.task_key = t.task_key" for k in kinds)
-    exprs = {col: re.sub(r"\btasks\.(\w+)", lambda m: _NEW_TASK.get(m.group(1), "NULL"), expr)
-             for col, expr in _task_sets(kinds).items()}
-    values = [exprs.get(c, _NEW_TASK.get(c, "NULL")) for c in _TASK_STATE_COLUMNS]
-    kept = {**_CREATED, **(_SUCCEEDED if "O" in kinds else {})}
-    return ("INSERT INTO tasks (run_id, task_key, task_name, node, item_key, position, "
-            f"upstream, code_version, {', '.join([*_TASK_STATE_COLUMNS, *kept])}) "
-            "SELECT $1, t.task_key, t.task_name, t.node, t.item_key, t.position, t.upstream, "
-            f"t.code_version, {', '.join([*values, *kept.values()])} "
-            f"FROM (SELECT * FROM lf_src_t WHERE new) t {joins} ORDER BY t.i")
 
 
 def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> str | None:
@@ -389,30 +245,31 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> str
     summaries = ["E", "O"] if outcomes_only else staged
     # the batch that defines the run (D) writes its row as the batch leaves it; one that
     # finds the row there (its D folded before) updates it, as any later batch does
-    created = any(r[0] == "D" for r in small) and _insert_run(con, token, small,
-                                                              moved="E" in staged)
+    last = last_seq(kinds) if "E" in staged else None
+    created = any(r[0] == "D" for r in small) and _insert_run(con, token, small, last)
     if "T" in kinds:
-        con.execute(_task_insert(summaries), [run_id, token])
+        con.execute(task_insert(summaries), [run_id, token])
     # a batch that names only tasks it creates (a small run's one fold) has nothing to
     # update: the update costs ~15 ms of planning however few its rows. So has the batch
     # that created the run's row: no task of the run was folded before it
     if summaries and ("T" not in kinds or (not created and con.execute(
-            f"SELECT EXISTS ({_touched(summaries, skip_new=True)})").fetchone()[0])):
-        con.execute(_task_update(summaries, skip_new="T" in kinds), [run_id])
+            f"SELECT EXISTS ({touched(summaries, skip_new=True)})").fetchone()[0])):
+        con.execute(task_update(summaries, skip_new="T" in kinds), [run_id])
     for tag, kind in KINDS.items():     # the other kinds that append rows
         if kind.TABLE and tag in kinds and tag not in _STAGED:
             con.execute(_append_sql(kind, f"({stage_sql(kind)})"),
                         [run_id, token] if kind.TOKENED else [run_id])
     if not created:
-        _update_run(con, run_id, small, moved="E" in staged)
+        _update_run(con, run_id, small, last)
     states = [r[1] for r in small if r[0] == "S"]
     return states[-1] if states else None
 
 
-def _insert_run(con: Any, token: int, records: list[Any], *, moved: bool) -> bool:
+def _insert_run(con: Any, token: int, records: list[Any], last: str | None) -> bool:
     """The run's row from its definition (``D``), as the batch that defines the run
-    leaves it (what :func:`_update_run` would set, in the same statement); False if the
-    row was there already (then the caller updates it)."""
+    leaves it (what :func:`_update_run` would set, in the same statement; ``last``: the
+    batch's last move, if it moves tasks); False if the row was there already (then the
+    caller updates it)."""
     _, rid, pipe, target, params, created, options = next(r for r in records
                                                             if r[0] == "D")[:7]
     headers = [r for r in records if r[0] == "H"]
@@ -424,7 +281,7 @@ def _insert_run(con: Any, token: int, records: list[Any], *, moved: bool) -> boo
         ended = float(at) if state in RUN_TERMINAL_VALUES else None
     # (NOT EXISTS, not ON CONFLICT: its planning costs 1.7 ms more; the fold holds the
     # file's write lock, so nobody inserts the run meanwhile)
-    max_seq = "(SELECT coalesce(max(seq), 0) FROM lf_e)" if moved else "0"
+    max_seq = f"coalesce({last}, 0)" if last else "0"
     (inserted,) = con.execute(
         "INSERT INTO runs (run_id, pipeline, target, params, options, state, reason, "
         "created_at, ended_at, token, driver_pid, driver_host, max_seq) SELECT $1, $2, $3, "
@@ -435,9 +292,9 @@ def _insert_run(con: Any, token: int, records: list[Any], *, moved: bool) -> boo
     return bool(inserted)
 
 
-def _update_run(con: Any, run_id: str, records: list[Any], *, moved: bool) -> None:
+def _update_run(con: Any, run_id: str, records: list[Any], last: str | None) -> None:
     """One UPDATE of the run's row for the batch: its drivers' headers (the highest
-    token, the last driver), its last move's seq (``moved``) and its last state."""
+    token, the last driver), its last move's seq (``last``) and its last state."""
     sets: list[str] = []
     params: list[Any] = []
     headers = [r for r in records if r[0] == "H"]
@@ -445,8 +302,8 @@ def _update_run(con: Any, run_id: str, records: list[Any], *, moved: bool) -> No
         _, _, pid, host = headers[-1][:4]
         sets.append("token = greatest(coalesce(token, 0), ?), driver_pid = ?, driver_host = ?")
         params += [max(int(h[1]) for h in headers), int(pid), host]
-    if moved:
-        sets.append("max_seq = greatest(coalesce(max_seq, 0), (SELECT max(seq) FROM lf_e))")
+    if last:
+        sets.append(f"max_seq = greatest(coalesce(max_seq, 0), {last})")
     for _, state, reason, at in [r for r in records if r[0] == "S"][-1:]:
         sets.append("state = ?, reason = ?, ended_at = ?")
         params += [state, reason, float(at) if state in RUN_TERMINAL_VALUES else None]

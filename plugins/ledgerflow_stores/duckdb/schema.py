@@ -15,21 +15,22 @@ from ledgerflow.errors import NotALedgerError, SchemaVersionError
 
 from .engine import duckdb
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 #: The fix for a file that is not a ledger (every command and ``pipeline doctor`` say it).
 NOT_A_LEDGER = ("pass --store the path of a ledgerflow ledger (a new path creates one); "
                 "this file is someone else's")
 
 #: The ``tasks`` columns the moves of a task's creation and success are derived from
 #: (schema version 5; see :data:`EVENTS_VIEW`).
-DERIVED_COLUMNS = ("created_seq BIGINT", "created_ts DOUBLE", "created_token INTEGER",
-                   "then_state VARCHAR", "then_attempt INTEGER", "then_reason VARCHAR",
-                   "then_ts DOUBLE", "ok_seq BIGINT", "ok_attempt INTEGER", "ok_ts DOUBLE",
-                   "ok_token INTEGER")
-#: Every move of every task: the rows of ``event_rows``, and the moves task rows hold
-#: (:func:`ledgerflow.records.expand` of the ``TaskCreated`` and ``Succeeded`` the fold
-#: kept in the row).
-EVENTS_VIEW = """
+V5_COLUMNS = ("created_seq BIGINT", "created_ts DOUBLE", "created_token INTEGER",
+              "then_state VARCHAR", "then_attempt INTEGER", "then_reason VARCHAR",
+              "then_ts DOUBLE", "ok_seq BIGINT", "ok_attempt INTEGER", "ok_ts DOUBLE",
+              "ok_token INTEGER")
+#: And those of the dispatch a format-4 ``Succeeded`` carries (schema version 6).
+V6_COLUMNS = ("ok_run_ts DOUBLE", "ok_ready_ts DOUBLE")
+#: Every column of ``tasks`` that holds moves ``events`` reads.
+DERIVED_COLUMNS = (*V5_COLUMNS, *V6_COLUMNS)
+_EVENTS_V5 = """
     SELECT run_id, seq, task_key, attempt, from_state, to_state, reason, ts, token
     FROM event_rows
     UNION ALL
@@ -42,6 +43,18 @@ EVENTS_VIEW = """
     UNION ALL
     SELECT run_id, ok_seq, task_key, ok_attempt, 'running', 'succeeded', '', ok_ts, ok_token
     FROM tasks WHERE ok_seq IS NOT NULL"""
+#: Every move of every task: the rows of ``event_rows``, and the moves task rows hold
+#: (:func:`ledgerflow.records.expand` of the ``TaskCreated`` and ``Succeeded`` the fold
+#: kept in the row, the dispatch a ``Succeeded`` carries included).
+EVENTS_VIEW = _EVENTS_V5 + """
+    UNION ALL
+    SELECT run_id, ok_seq - 2, task_key, ok_attempt - 1, 'pending', 'ready', '', ok_ready_ts,
+           ok_token
+    FROM tasks WHERE ok_ready_ts IS NOT NULL
+    UNION ALL
+    SELECT run_id, ok_seq - 1, task_key, ok_attempt, 'ready', 'running',
+           'attempt ' || ok_attempt::VARCHAR, ok_run_ts, ok_token
+    FROM tasks WHERE ok_run_ts IS NOT NULL"""
 
 MIGRATIONS: list[tuple[int, list[str]]] = [
     (1, [
@@ -134,8 +147,14 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         # they were folded with it: ``events`` is a view of the moves written as rows
         # and those (one task row, not four event rows, for a plain task)
         "ALTER TABLE events RENAME TO event_rows",
-        *(f"ALTER TABLE tasks ADD COLUMN {col}" for col in DERIVED_COLUMNS),
-        f"CREATE VIEW events AS {EVENTS_VIEW}",
+        *(f"ALTER TABLE tasks ADD COLUMN {col}" for col in V5_COLUMNS),
+        f"CREATE VIEW events AS {_EVENTS_V5}",
+    ]),
+    (6, [
+        # a format-4 outcome record carries its attempt's dispatch (ready -> running, and
+        # pending -> ready before it): a task row keeps those moves with its success
+        *(f"ALTER TABLE tasks ADD COLUMN {col}" for col in V6_COLUMNS),
+        f"CREATE OR REPLACE VIEW events AS {EVENTS_VIEW}",
     ]),
 ]
 

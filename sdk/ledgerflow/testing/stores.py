@@ -137,6 +137,24 @@ def _compact_history(t: float) -> list[list[Record]]:
     ]
 
 
+def _dispatch_history(t: float) -> list[list[Record]]:
+    """A run's commits with format 4's successes that carry their dispatch: ``a``'s (a
+    fan-out child's) folded with its creation, ``b``'s (a chain link's, made ready just
+    before) after a takeover; ``x`` fails as it is created."""
+    return [
+        [TaskCreated("a", "a", "a", None, None, [], "v1", t, 1, "ready", 0, "", t),
+         TaskCreated("b", "b", "b", None, None, ["a"], "v1", t, 3),
+         TaskCreated("x", "x", "x", None, None, ["z"], "v1", t, 4, "upstream_failed", 0,
+                     "upstream z did not succeed", t + 0.5)],
+        [Succeeded(7, "a", 1, t + 1, t + 2, "fp-a", "h-a", "json", "1", None, 1, t + 2,
+                   t + 1)],
+        [DriverHeader(2, 99, "host2", t + 3, 4),
+         Succeeded(10, "b", 1, t + 4, t + 5, "fp-b", "h-b", "json", "2", None, 1, t + 5,
+                   t + 3.5, t + 3),
+         RunStateChanged("failed", "1 task(s) did not succeed", t + 6)],
+    ]
+
+
 class StoreContract:
     """Behaviour every run store must show (see the module docstring)."""
 
@@ -191,6 +209,26 @@ class StoreContract:
         assert st.attempts("r0", "a")[1]["started_at"] == now + 3
         index = st.cache_lookup(["a", "b"])
         assert (index["fp-a"][:3], index["fp-b"][:3]) == (("r0", "a", "h-a"), ("r0", "b", "h-b"))
+
+    def test_successes_that_carry_their_dispatch_read_as_the_moves_they_stand_for(
+            self, tmp_path: Path) -> None:
+        st = self.make_store(tmp_path)
+        now = time.time()
+        stands_for = expand(_written(st, _dispatch_history(now), now, taken_over_at=2))
+        expected = apply(RunView("r0"), stands_for)
+        got = st.get_run("r0")
+        _same_view(got, expected)
+        assert {k: (r.state, r.started_at, r.ended_at, r.error) for k, r in got.tasks.items()} \
+            == {"a": ("succeeded", now + 1, now + 2, None),
+                "b": ("succeeded", now + 3.5, now + 5, None),
+                "x": ("upstream_failed", None, now + 0.5, "upstream z did not succeed")}
+        assert st.events("r0") == [event_dict(r) for r in stands_for
+                                   if isinstance(r, Transition)]
+        assert [e["seq"] for e in st.events("r0")] == list(range(1, 11))
+        assert [(e["task_key"], e["to_state"]) for e in st.events("r0", "b")] == [
+            ("b", "pending"), ("b", "ready"), ("b", "running"), ("b", "succeeded")]
+        assert [(a["task_key"], a["outcome"]) for a in st.attempts("r0")] == [
+            ("a", "ok"), ("b", "ok")]
 
     def test_records_fold_into_task_rows(self, tmp_path: Path) -> None:
         st = self.make_store(tmp_path)
