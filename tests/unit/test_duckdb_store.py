@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -395,10 +396,42 @@ def test_a_dispatch_within_the_commit_lag_rides_in_its_success_and_lives_in_the_
     assert rows + carried == running and rows <= 1, (rows, carried, running)
 
 
+@pytest.mark.parametrize("history,taken_over_at", [
+    ("_history", 3), ("_compact_history", None), ("_dispatch_history", 2)])
+def test_the_results_and_attempts_tables_hold_every_one_recorded(
+        tmp_path, history, taken_over_at) -> None:
+    """Schema 6: ``results`` is a view of ``result_rows`` and the results task rows keep;
+    a kept result that a later batch replaces (``a`` of the dispatch history runs again
+    after a takeover) is written out first, so SQL reads every result recorded."""
+    import duckdb
+
+    from ledgerflow.records import AttemptEnded, ResultRecorded, expand
+    from ledgerflow.testing import stores as contract
+
+    st = DuckDBStore(str(tmp_path / "l.duckdb"))
+    now = time.time()
+    commits = getattr(contract, history)(now)
+    written = expand(contract._written(st, commits, now, taken_over_at=taken_over_at))
+    st.fold()
+    st.settle()     # (the fold behind the release, which holds the file)
+    con = duckdb.connect(str(tmp_path / "l.duckdb"), read_only=True)
+    results = con.execute("SELECT task_key, attempt, fingerprint, content_hash, kind, data, "
+                          "uri, size, cached_from FROM results WHERE run_id = 'r0'").fetchall()
+    attempts = con.execute("SELECT task_key, attempt, outcome FROM attempts "
+                           "WHERE run_id = 'r0'").fetchall()
+    con.close()
+    assert sorted(results, key=repr) == sorted(
+        ((r.task_key, r.attempt, r.fingerprint, r.content_hash, r.kind, r.data, r.uri, r.size,
+          r.cached_from) for r in written if isinstance(r, ResultRecorded)), key=repr)
+    assert sorted(attempts) == sorted((r.task_key, r.attempt, r.outcome) for r in written
+                                      if isinstance(r, AttemptEnded))
+
+
 def test_repair_copies_the_events_of_a_schema_4_file_into_event_rows(tmp_path) -> None:
     """A run folded by a release at schema version 4 whose journal is gone, in a file
     too damaged to upgrade (its version says 3): ``repair`` copies the run's rows from
-    the old file, its ``events`` into ``event_rows``."""
+    the old file, its ``events`` into ``event_rows`` and its ``results`` into
+    ``result_rows``."""
     import duckdb
 
     from ledgerflow_stores.duckdb import schema
@@ -407,10 +440,12 @@ def test_repair_copies_the_events_of_a_schema_4_file_into_event_rows(tmp_path) -
     run = fan.run(n=6, store=str(path), executor="inline").settle()
     before = _moves(run)
     con = duckdb.connect(str(path))     # as schema 4 wrote it: every move a row
-    con.execute("CREATE TABLE old_events AS SELECT * FROM events")
-    con.execute("DROP VIEW events")
-    con.execute("DROP TABLE event_rows")
-    con.execute("ALTER TABLE old_events RENAME TO events")
+    results = sorted(con.execute("SELECT task_key, attempt, content_hash FROM results").fetchall())
+    for table in ("events", "results"):
+        con.execute(f"CREATE TABLE old_{table} AS SELECT * FROM {table}")
+        con.execute(f"DROP VIEW {table}")
+        con.execute(f"DROP TABLE {table.removesuffix('s')}_rows")
+        con.execute(f"ALTER TABLE old_{table} RENAME TO {table}")
     for col in schema.DERIVED_COLUMNS:
         con.execute(f"ALTER TABLE tasks DROP COLUMN {col.split()[0]}")
     con.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
@@ -420,6 +455,10 @@ def test_repair_copies_the_events_of_a_schema_4_file_into_event_rows(tmp_path) -
     _, notes = DuckDBStore(str(path)).repair()
     assert any("without a journal copied" in n for n in notes), notes
     assert _moves(ledgerflow.get_run(run.run_id, store=str(path))) == before
+    con = duckdb.connect(str(path), read_only=True)
+    assert sorted(con.execute("SELECT task_key, attempt, content_hash FROM results")
+                  .fetchall()) == results and len(results) == 5     # maybe[0] fails
+    con.close()
 
 
 def test_a_runs_first_batch_that_finds_its_row_updates_it(tmp_path) -> None:

@@ -38,7 +38,7 @@ from ledgerflow.records import (
 )
 from ledgerflow.states import RUN_TERMINAL
 
-from .taskrows import last_seq, task_insert, task_update, touched
+from .taskrows import last_seq, move_kept_results, task_insert, task_update, touched
 
 RUN_TERMINAL_VALUES = frozenset(s.value for s in RUN_TERMINAL)
 
@@ -130,9 +130,10 @@ def stage_sources(con: Any, kinds: set[str], run_id: str) -> None:
                         "(SELECT task_key FROM tasks WHERE run_id = ?) AS new FROM "
                         f"({stage_sql(kind, compact=True)})", [run_id])
         elif tag == "O" and tag in kinds:
-            # (whether a new task's row keeps it: its first, :data:`_KEPT_IN_ROW`)
-            first = ("task_key IN (SELECT task_key FROM lf_src_t WHERE new) AND i IN "
-                     "(SELECT min(i) FROM s GROUP BY task_key)") if "T" in kinds else "FALSE"
+            # (whether a new task's row keeps it: its only one, :data:`_KEPT_IN_ROW`)
+            first = ("task_key IN (SELECT task_key FROM lf_src_t WHERE new) AND task_key IN "
+                     "(SELECT task_key FROM s GROUP BY task_key HAVING count(*) = 1)") \
+                if "T" in kinds else "FALSE"
             con.execute("CREATE OR REPLACE TEMP TABLE lf_src_o AS WITH s AS MATERIALIZED "
                         f"({stage_sql(kind, compact=True)}) SELECT *, {first} AS first FROM s")
         elif tag in kinds:
@@ -142,7 +143,8 @@ def stage_sources(con: Any, kinds: set[str], run_id: str) -> None:
 
 #: Per source tag, which of the events its records stand for a new task's row keeps
 #: (:data:`.schema.EVENTS_VIEW`): a creation's two moves, and the success of the task's
-#: first outcome record in the batch, with the dispatch it carries (format 4).
+#: one outcome record in the batch, with the dispatch it carries (format 4), and its
+#: result (:data:`.schema.RESULTS_VIEW`).
 _KEPT_IN_ROW = {
     "T": "new",
     "O": "first",
@@ -163,7 +165,7 @@ def _expanded_sql(kind: type[Record], tags: frozenset[str],
             continue
         cols = ", ".join(f'{exprs.get(c) or chr(34) + c + chr(34)} AS "{c}"'
                          for c in columns(kind))
-        if kind is Transition and tag in kept:
+        if tag in kept and (kind is Transition or kind is ResultRecorded):
             where = f"({where}) AND NOT ({_KEPT_IN_ROW[tag]})"
         source = f"lf_src_{tag.lower()}" if src in _SOURCES else f"({stage_sql(src)})"
         parts.append(f"SELECT i * 4 + {sub} AS i, {cols} FROM {source} WHERE {where}")
@@ -174,7 +176,7 @@ def _expanded_sql(kind: type[Record], tags: frozenset[str],
 
 #: The table a kind's rows are written to, where it is not the one readers read
 #: (``events`` is a view: :data:`.schema.EVENTS_VIEW`).
-_PHYSICAL = {"events": "event_rows"}
+_PHYSICAL = {"events": "event_rows", "results": "result_rows"}
 
 
 @functools.cache
@@ -235,7 +237,7 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> str
     for k in staged:
         kind = _STAGED[k]
         rows = _expanded_sql(kind, frozenset(kinds & _tags(kind)),
-                             kept if kind is Transition else frozenset())
+                             frozenset() if kind is AttemptEnded else kept)
         params = [run_id, token] if kind.TOKENED else [run_id]
         if outcomes_only and k != "E":
             con.execute(_append_sql(kind, f"({rows})"), params)
@@ -254,6 +256,9 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> str
     # that created the run's row: no task of the run was folded before it
     if summaries and ("T" not in kinds or (not created and con.execute(
             f"SELECT EXISTS ({touched(summaries, skip_new=True)})").fetchone()[0])):
+        moving = move_kept_results(summaries, skip_new="T" in kinds)
+        if moving:
+            con.execute(moving, [run_id])
         con.execute(task_update(summaries, skip_new="T" in kinds), [run_id])
     for tag, kind in KINDS.items():     # the other kinds that append rows
         if kind.TABLE and tag in kinds and tag not in _STAGED:

@@ -141,7 +141,12 @@ CACHED = CacheSQL("task_name IN (SELECT unnest($1::VARCHAR[])) "
 def record_rows(con: Any, run_id: str, kind: type[R], *, task_key: str | None = None,
                 attempt: int | None = None) -> list[R]:
     """The folded rows of an append-only record kind, as records (in their order: events
-    by ``seq``, which the fold does not keep in row order)."""
+    by ``seq``, which the fold does not keep in row order; results, a view of two tables
+    that no reader needs in write order, by attempt)."""
     return ledger.record_rows(con, run_id, kind, mark="?",
-                              order=lambda k: "seq" if k.TABLE == "events" else "rowid",
+                              order=lambda k: _ORDER.get(k.TABLE or "", "rowid"),
                               task_key=task_key, attempt=attempt)
+
+
+#: The order of a view's rows (a table's are in write order by ``rowid``).
+_ORDER = {"events": "seq", "results": "attempt"}

@@ -26,10 +26,23 @@ V5_COLUMNS = ("created_seq BIGINT", "created_ts DOUBLE", "created_token INTEGER"
               "then_state VARCHAR", "then_attempt INTEGER", "then_reason VARCHAR",
               "then_ts DOUBLE", "ok_seq BIGINT", "ok_attempt INTEGER", "ok_ts DOUBLE",
               "ok_token INTEGER")
-#: And those of the dispatch a format-4 ``Succeeded`` carries (schema version 6).
-V6_COLUMNS = ("ok_run_ts DOUBLE", "ok_ready_ts DOUBLE")
-#: Every column of ``tasks`` that holds moves ``events`` reads.
+#: And those of the dispatch a format-4 ``Succeeded`` carries, and whether the row's
+#: result is also its ok attempt's ``results`` row (schema version 6; see
+#: :data:`RESULTS_VIEW`).
+V6_COLUMNS = ("ok_run_ts DOUBLE", "ok_ready_ts DOUBLE", "ok_result BOOLEAN")
+#: Every column of ``tasks`` that holds what ``events`` and ``results`` read.
 DERIVED_COLUMNS = (*V5_COLUMNS, *V6_COLUMNS)
+#: Every result recorded: the rows of ``result_rows``, and the result a task's row holds
+#: when the fold wrote the task with its one success (``ok_result``: a plain task's
+#: result is one table row, not two; a later result of the task moves it out first).
+RESULTS_VIEW = """
+    SELECT run_id, task_key, attempt, fingerprint, content_hash, kind, data, uri, size,
+           cached_from
+    FROM result_rows
+    UNION ALL
+    SELECT run_id, task_key, ok_attempt, fingerprint, result_hash, result_kind, result_data,
+           result_uri, result_size, NULL
+    FROM tasks WHERE ok_result"""
 _EVENTS_V5 = """
     SELECT run_id, seq, task_key, attempt, from_state, to_state, reason, ts, token
     FROM event_rows
@@ -152,9 +165,12 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
     ]),
     (6, [
         # a format-4 outcome record carries its attempt's dispatch (ready -> running, and
-        # pending -> ready before it): a task row keeps those moves with its success
+        # pending -> ready before it): a task row keeps those moves with its success, and
+        # the result of that success (``results`` is a view of result_rows and those)
+        "ALTER TABLE results RENAME TO result_rows",
         *(f"ALTER TABLE tasks ADD COLUMN {col}" for col in V6_COLUMNS),
         f"CREATE OR REPLACE VIEW events AS {EVENTS_VIEW}",
+        f"CREATE VIEW results AS {RESULTS_VIEW}",
     ]),
 ]
 

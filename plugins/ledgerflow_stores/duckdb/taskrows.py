@@ -17,12 +17,15 @@ _TERMINAL_SQL = "(" + ",".join(f"'{s.value}'" for s in sorted(TERMINAL)) + ")"
 
 
 def _result_sets(alias: str) -> dict[str, str]:
-    """The ``tasks`` result columns, from the summary ``alias`` of a task's results."""
-    return {col: f"CASE WHEN {alias}.task_key IS NULL THEN tasks.{col} ELSE {alias}.{src} END"
+    """The ``tasks`` result columns, from the summary ``alias`` of a task's results (a
+    row's kept result, ``ok_result``, was moved out first: :func:`move_kept_results`)."""
+    sets = {col: f"CASE WHEN {alias}.task_key IS NULL THEN tasks.{col} ELSE {alias}.{src} END"
             for col, src in (("fingerprint", "fingerprint"), ("result_hash", "content_hash"),
                              ("result_kind", "kind"), ("result_data", "data"),
                              ("result_uri", "uri"), ("result_size", "size"),
                              ("cached_from", "cached_from"), ("result_attempt", "attempt"))}
+    sets["ok_result"] = f"CASE WHEN {alias}.task_key IS NULL THEN tasks.ok_result END"
+    return sets
 
 
 #: Per staged kind: the per-task summary of a batch, and the ``tasks`` columns it sets.
@@ -77,9 +80,13 @@ _SUMMARIES["O"] = (
               arg_max_null(content_hash, i) AS content_hash, arg_max_null(kind, i) AS kind,
               arg_max_null(data, i) AS data, arg_max_null(uri, i) AS uri,
               arg_max_null(size, i) AS size, NULL::VARCHAR AS cached_from,
-              arg_max_null(attempt, i) AS attempt, arg_min(seq, i) AS ok_seq,
-              arg_min(attempt, i) AS ok_attempt, arg_min(ts, i) AS ok_ts,
-              arg_min_null(run_ts, i) AS ok_run_ts, arg_min_null(ready_ts, i) AS ok_ready_ts
+              arg_max_null(attempt, i) AS attempt,
+              -- (the outcome record a new task's row keeps: its only one)
+              any_value(seq) FILTER (WHERE first) AS ok_seq,
+              any_value(attempt) FILTER (WHERE first) AS ok_attempt,
+              any_value(ts) FILTER (WHERE first) AS ok_ts,
+              any_value(run_ts) FILTER (WHERE first) AS ok_run_ts,
+              any_value(ready_ts) FILTER (WHERE first) AS ok_ready_ts
        FROM lf_src_o GROUP BY task_key""",
     _result_sets("o"))
 #: The table each summary reads (the task keys a batch touches).
@@ -108,6 +115,20 @@ def touched(kinds: list[str], *, skip_new: bool) -> str:
     if skip_new:
         keys = f"SELECT task_key FROM ({keys}) EXCEPT SELECT task_key FROM lf_src_t WHERE new"
     return keys
+
+
+def move_kept_results(kinds: list[str], *, skip_new: bool) -> str | None:
+    """The INSERT that writes out, as ``result_rows``, the results task rows keep
+    (``ok_result``) of the tasks whose results the batch changes (None: it changes
+    none), before :func:`task_update` overwrites them (``skip_new``: as there)."""
+    changing = [k for k in kinds if k in ("R", "O")]
+    if not changing:
+        return None
+    return ("INSERT INTO result_rows (run_id, task_key, attempt, fingerprint, content_hash, "
+            "kind, data, uri, size, cached_from) SELECT run_id, task_key, ok_attempt, "
+            "fingerprint, result_hash, result_kind, result_data, result_uri, result_size, "
+            "NULL FROM tasks WHERE run_id = ? AND ok_result AND task_key IN "
+            f"({touched(changing, skip_new=skip_new)})")
 
 
 def task_update(kinds: list[str], *, skip_new: bool = False) -> str:
@@ -155,7 +176,8 @@ _CREATED = {"created_seq": "CASE WHEN t.seq > 0 THEN t.seq END",
                for f in ("state", "attempt", "reason", "ts")}}
 _SUCCEEDED = {"ok_seq": "o.ok_seq", "ok_attempt": "o.ok_attempt", "ok_ts": "o.ok_ts",
               "ok_token": "CASE WHEN o.ok_seq IS NOT NULL THEN $2 END",
-              "ok_run_ts": "o.ok_run_ts", "ok_ready_ts": "o.ok_ready_ts"}
+              "ok_run_ts": "o.ok_run_ts", "ok_ready_ts": "o.ok_ready_ts",
+              "ok_result": "CASE WHEN o.ok_seq IS NOT NULL THEN TRUE END"}
 
 
 #: What a new task's creation record says of its moves (kept in its row, not in ``lf_e``:
