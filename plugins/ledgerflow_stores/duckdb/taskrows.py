@@ -75,19 +75,19 @@ _SUMMARIES: dict[str, tuple[str, dict[str, str]]] = {
 #: of the rows they stand for (an ok attempt: no error; a result: not cached), in one
 #: subquery and one join (the task rows' statement plans in ~3 ms less).
 _SUMMARIES["O"] = (
-    """SELECT task_key, max(attempt) AS attempts, max(i) * 4 AS last_i,
-              arg_max_null(fingerprint, i) AS fingerprint,
-              arg_max_null(content_hash, i) AS content_hash, arg_max_null(kind, i) AS kind,
-              arg_max_null(data, i) AS data, arg_max_null(uri, i) AS uri,
-              arg_max_null(size, i) AS size, NULL::VARCHAR AS cached_from,
-              arg_max_null(attempt, i) AS attempt,
-              -- (the outcome record a new task's row keeps: its only one)
-              any_value(seq) FILTER (WHERE first) AS ok_seq,
-              any_value(attempt) FILTER (WHERE first) AS ok_attempt,
-              any_value(ts) FILTER (WHERE first) AS ok_ts,
-              any_value(run_ts) FILTER (WHERE first) AS ok_run_ts,
-              any_value(ready_ts) FILTER (WHERE first) AS ok_ready_ts
-       FROM lf_src_o GROUP BY task_key""",
+    # a task's only outcome record in the batch is its own summary (``first``: a new
+    # task's, which its row keeps); the others are aggregated
+    """SELECT task_key, attempt AS attempts, i * 4 AS last_i, fingerprint, content_hash,
+              kind, data, uri, size, NULL::VARCHAR AS cached_from, attempt, seq AS ok_seq,
+              attempt AS ok_attempt, ts AS ok_ts, run_ts AS ok_run_ts,
+              ready_ts AS ok_ready_ts
+       FROM lf_src_o WHERE first
+       UNION ALL
+       SELECT task_key, max(attempt), max(i) * 4, arg_max_null(fingerprint, i),
+              arg_max_null(content_hash, i), arg_max_null(kind, i), arg_max_null(data, i),
+              arg_max_null(uri, i), arg_max_null(size, i), NULL, arg_max_null(attempt, i),
+              NULL, NULL, NULL, NULL, NULL
+       FROM lf_src_o WHERE NOT first GROUP BY task_key""",
     _result_sets("o"))
 #: The table each summary reads (the task keys a batch touches).
 _SOURCE_OF = {"E": "lf_e", "A": "lf_a", "R": "lf_r", "O": "lf_src_o"}
