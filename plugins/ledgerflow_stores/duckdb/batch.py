@@ -11,9 +11,10 @@ brings ``tasks`` to the current state: the SQL twin of
 :func:`ledgerflow.projection.apply`, which the store contract suite keeps
 equal. A task created in the batch is inserted in the state the batch leaves it
 (:mod:`.taskrows`), and its row keeps the moves of its creation (and, in a batch
-without failed attempts, of its first success and the dispatch that carries) that
-``events`` reads (:data:`.schema.EVENTS_VIEW`): they are neither staged in ``lf_e``
-nor written as ``event_rows``.
+without failed attempts, of its one success, with the dispatch that carries, and that
+success's result) that ``events`` and ``results`` read (:data:`.schema.EVENTS_VIEW`,
+:data:`.schema.RESULTS_VIEW`): they are neither staged in ``lf_e`` nor written as
+``event_rows`` and ``result_rows``.
 """
 
 from __future__ import annotations
@@ -155,9 +156,9 @@ _KEPT_IN_ROW = {
 def _expanded_sql(kind: type[Record], tags: frozenset[str],
                   kept: frozenset[str] = frozenset()) -> str:
     """The typed rows of ``kind`` that the batch's records of ``tags`` stand for, in the
-    order :func:`ledgerflow.records.expand` gives them (``i``); for events, but those a
-    new task's row keeps (of the records of ``kept``: the row is written with what they
-    say, :func:`.taskrows.task_insert`, and ``events`` reads them from it)."""
+    order :func:`ledgerflow.records.expand` gives them (``i``); for events and results,
+    but those a new task's row keeps (of the records of ``kept``: the row is written
+    with what they say, :func:`.taskrows.task_insert`, and the views read them there)."""
     parts = []
     for src, sub, where, exprs in _EXPANSIONS[kind]:
         tag = src.__struct_config__.tag
