@@ -401,7 +401,7 @@ def _carries_dispatch(done: Succeeded, last: Record) -> bool:
     it) that no commit wrote yet: one record a plain in-driver attempt, not two."""
     if type(last) is not Transition:
         return False
-    e: Transition = last  # type: ignore[assignment]
+    e = last
     a = done.attempt
     if e.task_key != done.task_key:
         return False
