@@ -119,10 +119,32 @@ def _tags(kind: type[Record]) -> frozenset[str]:
 _SOURCES: tuple[type[Record], ...] = (TaskCreated, Transition, Succeeded)
 
 
-def stage_sources(con: Any, kinds: set[str], run_id: str) -> None:
+#: The dispatch moves of the batch's ``E`` records that an outcome record could have
+#: carried (``[pending ->] ready -> running`` as the runner moves it): per task and
+#: attempt its running move's seq and times (an attempt dispatched once in the batch).
+_DISPATCHES = """
+    SELECT task_key, d_attempt, min(e_i) AS e_i, any_value(d_seq) AS d_seq,
+           any_value(d_run) AS d_run, any_value(d_ready) AS d_ready
+    FROM (SELECT i AS e_i, task_key, seq AS d_seq, attempt AS d_attempt, ts AS d_run,
+                 NULL::DOUBLE AS d_ready
+          FROM lf_src_e WHERE then_state IS NULL AND from_state = 'ready'
+               AND to_state = 'running' AND reason = 'attempt ' || attempt::VARCHAR
+          UNION ALL
+          SELECT i, task_key, seq + 1, then_attempt, then_ts, ts
+          FROM lf_src_e WHERE from_state = 'pending' AND to_state = 'ready' AND reason = ''
+               AND then_state = 'running' AND attempt = then_attempt - 1
+               AND then_reason = 'attempt ' || then_attempt::VARCHAR)
+    GROUP BY task_key, d_attempt HAVING count(*) = 1"""
+
+
+def stage_sources(con: Any, kinds: set[str], run_id: str, *, carry: bool) -> None:
     """Cast the batch's records of :data:`_SOURCES` once each (those it holds); a
     creation says whether its task is ``new`` (not in ``tasks`` yet: inserted in the
-    state the batch leaves it, one write a task; the others are updated)."""
+    state the batch leaves it, one write a task; the others are updated). ``carry``: a
+    new task's one outcome record takes the dispatch of its attempt that an ``E``
+    record before it wrote (an executor outside the driver's, committed before the
+    attempt started), as if it carried it (format 4): the row keeps it, and ``carried``
+    names the E."""
     for kind in _SOURCES:
         tag = kind.__struct_config__.tag
         if tag == "T" and tag in kinds:
@@ -135,8 +157,20 @@ def stage_sources(con: Any, kinds: set[str], run_id: str) -> None:
             first = ("task_key IN (SELECT task_key FROM lf_src_t WHERE new) AND task_key IN "
                      "(SELECT task_key FROM s GROUP BY task_key HAVING count(*) = 1)") \
                 if "T" in kinds else "FALSE"
-            con.execute("CREATE OR REPLACE TEMP TABLE lf_src_o AS WITH s AS MATERIALIZED "
-                        f"({stage_sql(kind, compact=True)}) SELECT *, {first} AS first FROM s")
+            # (run_seq: the running move a format-4 record carries is the move before it)
+            staged = (f"WITH s AS MATERIALIZED ({stage_sql(kind, compact=True)}) "
+                      f"SELECT *, {first} AS first, "
+                      "CASE WHEN run_ts IS NOT NULL THEN seq - 1 END AS run_seq FROM s")
+            if carry:
+                took = "f.first AND f.run_ts IS NULL AND d.e_i < f.i"
+                staged = (f"WITH f AS ({staged}) SELECT f.* REPLACE ("
+                          f"CASE WHEN {took} THEN d.d_run ELSE f.run_ts END AS run_ts, "
+                          f"CASE WHEN {took} THEN d.d_ready ELSE f.ready_ts END AS ready_ts, "
+                          f"CASE WHEN {took} THEN d.d_seq ELSE f.run_seq END AS run_seq), "
+                          f"CASE WHEN {took} THEN d.e_i END AS carried FROM f LEFT JOIN "
+                          f"({_DISPATCHES}) d ON d.task_key = f.task_key "
+                          "AND d.d_attempt = f.attempt")
+            con.execute(f"CREATE OR REPLACE TEMP TABLE lf_src_o AS {staged}")
         elif tag in kinds:
             con.execute(f"CREATE OR REPLACE TEMP TABLE lf_src_{tag.lower()} AS "
                         f"{stage_sql(kind, compact=True)}")
@@ -149,6 +183,7 @@ def stage_sources(con: Any, kinds: set[str], run_id: str) -> None:
 _KEPT_IN_ROW = {
     "T": "new",
     "O": "first",
+    "E": "i IN (SELECT carried FROM lf_src_o WHERE carried IS NOT NULL)",
 }
 
 
@@ -227,14 +262,15 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> str
         "FROM lf_raw WHERE k IN ('D', 'H', 'S'))").fetchone()
     kinds = set(found or ())
     small = list(small_rows or ())
-    # the lf_* temp tables are replaced by the next batch and go with the connection
-    stage_sources(con, kinds, run_id)
-    staged = [k for k, kind in _STAGED.items() if kinds & _tags(kind)]
     # attempts and results only in outcome records: appended from them, summarised as O
     outcomes_only = "O" in kinds and not kinds & {"A", "R"}
-    # the moves new tasks' rows keep (their creation's; their first success's with O)
-    kept = frozenset({"T", "O"} if outcomes_only else {"T"}) & kinds if "T" in kinds \
+    # the moves new tasks' rows keep (their creation's; with O their one success's, and
+    # the dispatch it carries or an E record before it wrote)
+    kept = frozenset({"T", "O", "E"} if outcomes_only else {"T"}) & kinds if "T" in kinds \
         else frozenset()
+    # the lf_* temp tables are replaced by the next batch and go with the connection
+    stage_sources(con, kinds, run_id, carry={"T", "O", "E"} <= kept)
+    staged = [k for k, kind in _STAGED.items() if kinds & _tags(kind)]
     for k in staged:
         kind = _STAGED[k]
         rows = _expanded_sql(kind, frozenset(kinds & _tags(kind)),

@@ -128,7 +128,13 @@ class Fold:
         # too small to gain from more, and a background fold leaves the other core to
         # the driver (10k tasks: -30 ms). Both are the instance's, and stay set for
         # the process's later reads (setting them again costs ~2 ms a fold)
-        instance_setting(con, "memory_limit", self.policy.memory_limit)
+        try:
+            instance_setting(con, "memory_limit", self.policy.memory_limit)
+        except duckdb.OutOfMemoryException:
+            # the instance holds more than that now (another fold or read of this
+            # process, of any ledger): this fold goes on under the limit it has
+            log.info("fold of run %s: DuckDB holds more than %s now; folding under the "
+                     "limit it has", run_id, self.policy.memory_limit)
         instance_setting(con, "threads", "1")
         try:
             return self._segments(con, run_id, segs, max_bytes, yield_to)

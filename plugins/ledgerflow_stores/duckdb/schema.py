@@ -26,10 +26,13 @@ V5_COLUMNS = ("created_seq BIGINT", "created_ts DOUBLE", "created_token INTEGER"
               "then_state VARCHAR", "then_attempt INTEGER", "then_reason VARCHAR",
               "then_ts DOUBLE", "ok_seq BIGINT", "ok_attempt INTEGER", "ok_ts DOUBLE",
               "ok_token INTEGER")
-#: And those of the dispatch a format-4 ``Succeeded`` carries, and whether the row's
+#: And those of the dispatch of that success's attempt (``ready -> running`` as move
+#: ``ok_run_seq``, and ``pending -> ready`` right before it), which a format-4
+#: ``Succeeded`` carries or a record before it wrote, and whether the row's
 #: result is also its ok attempt's ``results`` row (schema version 6; see
 #: :data:`RESULTS_VIEW`).
-V6_COLUMNS = ("ok_run_ts DOUBLE", "ok_ready_ts DOUBLE", "ok_result BOOLEAN")
+V6_COLUMNS = ("ok_run_seq BIGINT", "ok_run_ts DOUBLE", "ok_ready_ts DOUBLE",
+              "ok_result BOOLEAN")
 #: Every column of ``tasks`` that holds what ``events`` and ``results`` read.
 DERIVED_COLUMNS = (*V5_COLUMNS, *V6_COLUMNS)
 #: Every result recorded: the rows of ``result_rows``, and the result a task's row holds
@@ -61,11 +64,11 @@ _EVENTS_V5 = """
 #: kept in the row, the dispatch a ``Succeeded`` carries included).
 EVENTS_VIEW = _EVENTS_V5 + """
     UNION ALL
-    SELECT run_id, ok_seq - 2, task_key, ok_attempt - 1, 'pending', 'ready', '', ok_ready_ts,
-           ok_token
+    SELECT run_id, ok_run_seq - 1, task_key, ok_attempt - 1, 'pending', 'ready', '',
+           ok_ready_ts, ok_token
     FROM tasks WHERE ok_ready_ts IS NOT NULL
     UNION ALL
-    SELECT run_id, ok_seq - 1, task_key, ok_attempt, 'ready', 'running',
+    SELECT run_id, ok_run_seq, task_key, ok_attempt, 'ready', 'running',
            'attempt ' || ok_attempt::VARCHAR, ok_run_ts, ok_token
     FROM tasks WHERE ok_run_ts IS NOT NULL"""
 

@@ -79,14 +79,14 @@ _SUMMARIES["O"] = (
     # task's, which its row keeps); the others are aggregated
     """SELECT task_key, attempt AS attempts, i * 4 AS last_i, fingerprint, content_hash,
               kind, data, uri, size, NULL::VARCHAR AS cached_from, attempt, seq AS ok_seq,
-              attempt AS ok_attempt, ts AS ok_ts, run_ts AS ok_run_ts,
-              ready_ts AS ok_ready_ts
+              attempt AS ok_attempt, ts AS ok_ts, run_seq AS ok_run_seq,
+              run_ts AS ok_run_ts, ready_ts AS ok_ready_ts
        FROM lf_src_o WHERE first
        UNION ALL
        SELECT task_key, max(attempt), max(i) * 4, arg_max_null(fingerprint, i),
               arg_max_null(content_hash, i), arg_max_null(kind, i), arg_max_null(data, i),
               arg_max_null(uri, i), arg_max_null(size, i), NULL, arg_max_null(attempt, i),
-              NULL, NULL, NULL, NULL, NULL
+              NULL, NULL, NULL, NULL, NULL, NULL
        FROM lf_src_o WHERE NOT first GROUP BY task_key""",
     _result_sets("o"))
 #: The table each summary reads (the task keys a batch touches).
@@ -176,7 +176,8 @@ _CREATED = {"created_seq": "CASE WHEN t.seq > 0 THEN t.seq END",
                for f in ("state", "attempt", "reason", "ts")}}
 _SUCCEEDED = {"ok_seq": "o.ok_seq", "ok_attempt": "o.ok_attempt", "ok_ts": "o.ok_ts",
               "ok_token": "CASE WHEN o.ok_seq IS NOT NULL THEN $2 END",
-              "ok_run_ts": "o.ok_run_ts", "ok_ready_ts": "o.ok_ready_ts",
+              "ok_run_seq": "o.ok_run_seq", "ok_run_ts": "o.ok_run_ts",
+              "ok_ready_ts": "o.ok_ready_ts",
               "ok_result": "CASE WHEN o.ok_seq IS NOT NULL THEN TRUE END"}
 
 

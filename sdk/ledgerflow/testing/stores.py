@@ -140,21 +140,26 @@ def _compact_history(t: float) -> list[list[Record]]:
 def _dispatch_history(t: float) -> list[list[Record]]:
     """A run's commits with format 4's successes that carry their dispatch: ``a``'s (a
     fan-out child's) folded with its creation, ``b``'s (a chain link's, made ready just
-    before) after a takeover, which also runs ``a`` again (its result file gone); ``x``
-    fails as it is created."""
+    before) after a takeover, which also runs ``a`` again (its result file gone); ``c``'s
+    dispatch is a record of its own (committed before it ran, as for an executor outside
+    the driver) with other moves between it and its success; ``x`` fails as it is
+    created."""
     return [
         [TaskCreated("a", "a", "a", None, None, [], "v1", t, 1, "ready", 0, "", t),
          TaskCreated("b", "b", "b", None, None, ["a"], "v1", t, 3),
          TaskCreated("x", "x", "x", None, None, ["z"], "v1", t, 4, "upstream_failed", 0,
-                     "upstream z did not succeed", t + 0.5)],
-        [Succeeded(7, "a", 1, t + 1, t + 2, "fp-a", "h-a", "json", "1", None, 1, t + 2,
-                   t + 1)],
+                     "upstream z did not succeed", t + 0.5),
+         TaskCreated("c", "c", "c", None, None, [], "v1", t, 6, "ready", 0, "", t),
+         Transition(8, "c", 1, "ready", "running", "attempt 1", t + 0.7)],
+        [Succeeded(10, "a", 1, t + 1, t + 2, "fp-a", "h-a", "json", "1", None, 1, t + 2,
+                   t + 1),
+         Succeeded(11, "c", 1, t + 0.7, t + 2, "fp-c", "h-c", "json", "3", None, 1, t + 2.5)],
         [DriverHeader(2, 99, "host2", t + 3, 4),
-         Succeeded(10, "b", 1, t + 4, t + 5, "fp-b", "h-b", "json", "2", None, 1, t + 5,
+         Succeeded(14, "b", 1, t + 4, t + 5, "fp-b", "h-b", "json", "2", None, 1, t + 5,
                    t + 3.5, t + 3),
-         Transition(11, "a", 1, "succeeded", "pending", "resume: its result file is gone",
+         Transition(15, "a", 1, "succeeded", "pending", "resume: its result file is gone",
                     t + 6),
-         Succeeded(14, "a", 2, t + 7, t + 8, "fp-a", "h-a2", "json", "1", None, 1, t + 8,
+         Succeeded(18, "a", 2, t + 7, t + 8, "fp-a", "h-a2", "json", "1", None, 1, t + 8,
                    t + 6.5, t + 6),
          RunStateChanged("failed", "1 task(s) did not succeed", t + 9)],
     ]
@@ -226,14 +231,15 @@ class StoreContract:
         assert {k: (r.state, r.started_at, r.ended_at, r.error) for k, r in got.tasks.items()} \
             == {"a": ("succeeded", now + 6.5, now + 8, None),
                 "b": ("succeeded", now + 3.5, now + 5, None),
+                "c": ("succeeded", now + 0.7, now + 2.5, None),
                 "x": ("upstream_failed", None, now + 0.5, "upstream z did not succeed")}
         assert st.events("r0") == [event_dict(r) for r in stands_for
                                    if isinstance(r, Transition)]
-        assert [e["seq"] for e in st.events("r0")] == list(range(1, 15))
+        assert [e["seq"] for e in st.events("r0")] == list(range(1, 19))
         assert [(e["task_key"], e["to_state"]) for e in st.events("r0", "b")] == [
             ("b", "pending"), ("b", "ready"), ("b", "running"), ("b", "succeeded")]
         assert [(a["task_key"], a["attempt"]) for a in st.attempts("r0")] == [
-            ("a", 1), ("b", 1), ("a", 2)]
+            ("a", 1), ("c", 1), ("b", 1), ("a", 2)]
         assert got.tasks["a"].result_hash == "h-a2"
 
     def test_records_fold_into_task_rows(self, tmp_path: Path) -> None:
