@@ -186,16 +186,17 @@ def _json_fields(kind: type[Record]) -> list[int]:
 
 def record_rows(con: Any, run_id: str, kind: type[R], *, mark: str,
                 order: Callable[[type[Record]], str], task_key: str | None = None,
-                attempt: int | None = None) -> list[R]:
+                attempt: int | None = None, source: str | None = None) -> list[R]:
     """The folded rows of an append-only record kind, as records, in the order written.
 
     ``mark`` is the dialect's parameter marker (``?``, ``%s``); ``order(kind)`` the
-    column the rows are in write order by.
+    column the rows are in write order by; ``source``: what to read them from, if not
+    the kind's table (a store's own query of its rows with their order).
     """
     if con is None or kind.TABLE is None:
         return []
     cols = ", ".join(f'"{c}"' for c in columns(kind))
-    sql = f"SELECT {cols} FROM {kind.TABLE} WHERE run_id = {mark}"
+    sql = f"SELECT {cols} FROM {source or kind.TABLE} WHERE run_id = {mark}"
     params: list[Any] = [run_id]
     if task_key is not None:
         sql += f" AND task_key = {mark}"

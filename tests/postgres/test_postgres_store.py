@@ -267,12 +267,13 @@ def test_tables_have_the_duckdb_stores_names_and_columns(pg_url: str, tmp_path: 
                                       "current_schema() ORDER BY table_name, "
                                       "ordinal_position"):
         pg.setdefault(table, []).append(column)
-    # journals, and how it keeps a task's plain moves and result in its row (its
-    # ``events`` and ``results`` views read them), are the DuckDB store's own; the rest
-    # is shared
+    # journals, and how it keeps a task's plain moves, attempt and result in its row
+    # (its ``events``, ``attempts`` and ``results`` views read them), are the DuckDB
+    # store's own; the rest is shared
     from ledgerflow_stores.duckdb.schema import DERIVED_COLUMNS
     own = {c.split()[0] for c in DERIVED_COLUMNS}
-    for table in set(duck) - {"journal_folds", "journal_damage", "event_rows", "result_rows"}:
+    for table in set(duck) - {"journal_folds", "journal_damage", "event_rows", "result_rows",
+                              "attempt_rows"}:
         assert table in pg, table
         missing = [c for c in duck[table] if c not in pg[table] and c not in own]
         assert not missing, (table, missing)

@@ -480,7 +480,7 @@ def test_repair_copies_the_events_of_a_schema_4_file_into_event_rows(tmp_path) -
     before = _moves(run)
     con = duckdb.connect(str(path))     # as schema 4 wrote it: every move a row
     results = sorted(con.execute("SELECT task_key, attempt, content_hash FROM results").fetchall())
-    for table in ("events", "results"):
+    for table in ("events", "results", "attempts"):
         con.execute(f"CREATE TABLE old_{table} AS SELECT * FROM {table}")
         con.execute(f"DROP VIEW {table}")
         con.execute(f"DROP TABLE {table.removesuffix('s')}_rows")

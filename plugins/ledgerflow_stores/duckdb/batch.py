@@ -201,8 +201,10 @@ def _expanded_sql(kind: type[Record], tags: frozenset[str],
             continue
         cols = ", ".join(f'{exprs.get(c) or chr(34) + c + chr(34)} AS "{c}"'
                          for c in columns(kind))
-        if tag in kept and (kind is Transition or kind is ResultRecorded):
+        if tag in kept:
             where = f"({where}) AND NOT ({_KEPT_IN_ROW[tag]})"
+        if kind is AttemptEnded:    # the last move before it (an outcome's: its dispatch)
+            cols += ", seq - 1 AS after_seq" if src is Succeeded else ", NULL AS after_seq"
         source = f"lf_src_{tag.lower()}" if src in _SOURCES else f"({stage_sql(src)})"
         parts.append(f"SELECT i * 4 + {sub} AS i, {cols} FROM {source} WHERE {where}")
     if len(parts) == 1 or kind is Transition:      # events are read by seq
@@ -212,17 +214,31 @@ def _expanded_sql(kind: type[Record], tags: frozenset[str],
 
 #: The table a kind's rows are written to, where it is not the one readers read
 #: (``events`` is a view: :data:`.schema.EVENTS_VIEW`).
-_PHYSICAL = {"events": "event_rows", "results": "result_rows"}
+_PHYSICAL = {"events": "event_rows", "results": "result_rows", "attempts": "attempt_rows"}
 
 
 @functools.cache
 def _append_sql(kind: type[Record], source: str) -> str:
-    cols = ", ".join(f'"{c}"' for c in columns(kind))
+    cols = ", ".join(f'"{c}"' for c in (*columns(kind), *_EXTRA.get(kind, ())))
     token = ", token" if kind.TOKENED else ""
     params = ", ?" if kind.TOKENED else ""
     table = _PHYSICAL.get(kind.TABLE or "", kind.TABLE)
     return (f"INSERT INTO {table} (run_id, {cols}{token}) "
             f"SELECT ?, {cols}{params} FROM {source}")
+
+
+#: Columns a kind's staged rows have beyond its record's fields.
+_EXTRA: dict[type[Record], tuple[str, ...]] = {AttemptEnded: ("after_seq",)}
+
+#: Where an ended attempt stands among the batch's moves: the last one before it (the
+#: seq grows with the place in the journal), else the run's last before the batch.
+_AFTER_SEQ = """SELECT a.* REPLACE (coalesce(a.after_seq, m.seq,
+                    (SELECT max_seq FROM runs WHERE run_id = $1), 0) AS after_seq)
+    FROM ({rows}) a ASOF LEFT JOIN ({moves}) m ON a.i > m.i"""
+#: The moves of new tasks' creations, which their rows keep (not in ``lf_e``).
+_CREATION_MOVES = ("SELECT i * 4 AS i, seq FROM lf_src_t WHERE new AND seq > 0 UNION ALL "
+                   "SELECT i * 4 + 1, seq + 1 FROM lf_src_t WHERE new AND seq > 0 "
+                   "AND then_state IS NOT NULL")
 
 
 #: Kinds staged into temporary tables (the task update reads them too).
@@ -273,13 +289,19 @@ def insert(con: Any, run_id: str, token: int, body: bytes, scratch: Path) -> str
     staged = [k for k, kind in _STAGED.items() if kinds & _tags(kind)]
     for k in staged:
         kind = _STAGED[k]
-        rows = _expanded_sql(kind, frozenset(kinds & _tags(kind)),
-                             frozenset() if kind is AttemptEnded else kept)
+        rows = _expanded_sql(kind, frozenset(kinds & _tags(kind)), kept)
         params = [run_id, token] if kind.TOKENED else [run_id]
         if outcomes_only and k != "E":
             con.execute(_append_sql(kind, f"({rows})"), params)
             continue
-        con.execute(f"CREATE OR REPLACE TEMP TABLE lf_{k.lower()} AS {rows}")
+        if k == "A" and "A" in kinds:       # attempts of their own: placed among the moves
+            moves = " UNION ALL ".join([*(["SELECT i, seq FROM lf_e"] if "E" in staged else []),
+                                        *([_CREATION_MOVES] if "T" in kinds else [])]) \
+                or "SELECT NULL::BIGINT AS i, NULL::BIGINT AS seq WHERE FALSE"
+            con.execute(f"CREATE OR REPLACE TEMP TABLE lf_a AS "
+                        f"{_AFTER_SEQ.format(rows=rows, moves=moves)}", [run_id])
+        else:
+            con.execute(f"CREATE OR REPLACE TEMP TABLE lf_{k.lower()} AS {rows}")
         con.execute(_append_sql(kind, f"lf_{k.lower()}"), params)
     summaries = ["E", "O"] if outcomes_only else staged
     # the batch that defines the run (D) writes its row as the batch leaves it; one that

@@ -411,8 +411,9 @@ def _old_tables(con: Any) -> dict[str, list[str]]:
 
 
 #: Old tables whose rows a newer schema keeps in another table (version 5: ``events``
-#: is a view of ``event_rows`` and of task rows; version 6: ``results`` likewise).
-_RENAMED = {"events": "event_rows", "results": "result_rows"}
+#: is a view of ``event_rows`` and of task rows; version 6: ``results`` and ``attempts``
+#: likewise).
+_RENAMED = {"events": "event_rows", "results": "result_rows", "attempts": "attempt_rows"}
 
 
 def _copy_rows(con: Any, tables: dict[str, list[str]], runs: list[str], *,

@@ -12,8 +12,10 @@ from typing import Any, TypeVar
 
 from ledgerflow import ledger
 from ledgerflow.ledger import CacheSQL
-from ledgerflow.records import Record
+from ledgerflow.records import AttemptEnded, Record
 from ledgerflow.views import RunView, TaskRow
+
+from . import schema
 
 R = TypeVar("R", bound=Record)
 Folded = dict[int, int]      # token -> journal offset folded
@@ -141,12 +143,14 @@ CACHED = CacheSQL("task_name IN (SELECT unnest($1::VARCHAR[])) "
 def record_rows(con: Any, run_id: str, kind: type[R], *, task_key: str | None = None,
                 attempt: int | None = None) -> list[R]:
     """The folded rows of an append-only record kind, as records (in their order: events
-    by ``seq``, which the fold does not keep in row order; results, a view of two tables
-    that no reader needs in write order, by attempt)."""
+    by ``seq``, which the fold does not keep in row order; attempts as
+    :data:`.schema.ATTEMPTS_IN_ORDER` places them; results, a view of two tables that no
+    reader needs in write order, by attempt)."""
     return ledger.record_rows(con, run_id, kind, mark="?",
                               order=lambda k: _ORDER.get(k.TABLE or "", "rowid"),
-                              task_key=task_key, attempt=attempt)
+                              task_key=task_key, attempt=attempt,
+                              source=schema.ATTEMPTS_IN_ORDER if kind is AttemptEnded else None)
 
 
 #: The order of a view's rows (a table's are in write order by ``rowid``).
-_ORDER = {"events": "seq", "results": "attempt"}
+_ORDER = {"events": "seq", "results": "attempt", "attempts": "_after NULLS FIRST, _kept, _row"}

@@ -28,11 +28,12 @@ V5_COLUMNS = ("created_seq BIGINT", "created_ts DOUBLE", "created_token INTEGER"
               "ok_token INTEGER")
 #: And those of the dispatch of that success's attempt (``ready -> running`` as move
 #: ``ok_run_seq``, and ``pending -> ready`` right before it), which a format-4
-#: ``Succeeded`` carries or a record before it wrote, and whether the row's
-#: result is also its ok attempt's ``results`` row (schema version 6; see
-#: :data:`RESULTS_VIEW`).
+#: ``Succeeded`` carries or a record before it wrote, of that attempt (its
+#: ``attempts`` row), and whether the row's result is also its ``results`` row
+#: (``ok_result``: TRUE; FALSE once a later result moved it out, the attempt still
+#: kept; schema version 6, see :data:`RESULTS_VIEW` and :data:`ATTEMPTS_VIEW`).
 V6_COLUMNS = ("ok_run_seq BIGINT", "ok_run_ts DOUBLE", "ok_ready_ts DOUBLE",
-              "ok_result BOOLEAN")
+              "ok_started DOUBLE", "ok_ended DOUBLE", "ok_result BOOLEAN")
 #: Every column of ``tasks`` that holds what ``events`` and ``results`` read.
 DERIVED_COLUMNS = (*V5_COLUMNS, *V6_COLUMNS)
 #: Every result recorded: the rows of ``result_rows``, and the result a task's row holds
@@ -46,6 +47,26 @@ RESULTS_VIEW = """
     SELECT run_id, task_key, ok_attempt, fingerprint, result_hash, result_kind, result_data,
            result_uri, result_size, NULL
     FROM tasks WHERE ok_result"""
+#: Every attempt that ended: the rows of ``attempt_rows``, and the ok attempt a task's
+#: row holds when the fold wrote the task with its one success.
+ATTEMPTS_VIEW = """
+    SELECT run_id, task_key, attempt, outcome, started_at, ended_at, error_type,
+           error_message, traceback, token
+    FROM attempt_rows
+    UNION ALL
+    SELECT run_id, task_key, ok_attempt, 'ok', ok_started, ok_ended, '', '', '', ok_token
+    FROM tasks WHERE ok_result IS NOT NULL"""
+#: The attempts of ``ATTEMPTS_VIEW`` in the order written (``_after``: the last move
+#: before the attempt ended; the kept one ends right before its success, after any
+#: attempt row with the same move before it).
+ATTEMPTS_IN_ORDER = """(
+    SELECT run_id, task_key, attempt, outcome, started_at, ended_at, error_type,
+           error_message, traceback, after_seq AS _after, 0 AS _kept, rowid AS _row
+    FROM attempt_rows
+    UNION ALL
+    SELECT run_id, task_key, ok_attempt, 'ok', ok_started, ok_ended, '', '', '',
+           ok_seq - 1, 1, 0
+    FROM tasks WHERE ok_result IS NOT NULL) AS attempts_in_order"""
 _EVENTS_V5 = """
     SELECT run_id, seq, task_key, attempt, from_state, to_state, reason, ts, token
     FROM event_rows
@@ -169,11 +190,16 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
     (6, [
         # a format-4 outcome record carries its attempt's dispatch (ready -> running, and
         # pending -> ready before it): a task row keeps those moves with its success, and
-        # the result of that success (``results`` is a view of result_rows and those)
+        # that success's attempt and result (``attempts`` and ``results`` are views of
+        # attempt_rows, result_rows and those)
         "ALTER TABLE results RENAME TO result_rows",
+        "ALTER TABLE attempts RENAME TO attempt_rows",
+        # the last move before an attempt row (its place among the kept ones)
+        "ALTER TABLE attempt_rows ADD COLUMN after_seq BIGINT",
         *(f"ALTER TABLE tasks ADD COLUMN {col}" for col in V6_COLUMNS),
         f"CREATE OR REPLACE VIEW events AS {EVENTS_VIEW}",
         f"CREATE VIEW results AS {RESULTS_VIEW}",
+        f"CREATE VIEW attempts AS {ATTEMPTS_VIEW}",
     ]),
 ]
 

@@ -24,7 +24,9 @@ def _result_sets(alias: str) -> dict[str, str]:
                              ("result_kind", "kind"), ("result_data", "data"),
                              ("result_uri", "uri"), ("result_size", "size"),
                              ("cached_from", "cached_from"), ("result_attempt", "attempt"))}
-    sets["ok_result"] = f"CASE WHEN {alias}.task_key IS NULL THEN tasks.ok_result END"
+    # (the kept attempt stays: FALSE)
+    sets["ok_result"] = (f"CASE WHEN {alias}.task_key IS NOT NULL AND tasks.ok_result "
+                         "THEN FALSE ELSE tasks.ok_result END")
     return sets
 
 
@@ -80,13 +82,14 @@ _SUMMARIES["O"] = (
     """SELECT task_key, attempt AS attempts, i * 4 AS last_i, fingerprint, content_hash,
               kind, data, uri, size, NULL::VARCHAR AS cached_from, attempt, seq AS ok_seq,
               attempt AS ok_attempt, ts AS ok_ts, run_seq AS ok_run_seq,
-              run_ts AS ok_run_ts, ready_ts AS ok_ready_ts
+              run_ts AS ok_run_ts, ready_ts AS ok_ready_ts, started_at AS ok_started,
+              ended_at AS ok_ended
        FROM lf_src_o WHERE first
        UNION ALL
        SELECT task_key, max(attempt), max(i) * 4, arg_max_null(fingerprint, i),
               arg_max_null(content_hash, i), arg_max_null(kind, i), arg_max_null(data, i),
               arg_max_null(uri, i), arg_max_null(size, i), NULL, arg_max_null(attempt, i),
-              NULL, NULL, NULL, NULL, NULL, NULL
+              NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
        FROM lf_src_o WHERE NOT first GROUP BY task_key""",
     _result_sets("o"))
 #: The table each summary reads (the task keys a batch touches).
@@ -177,7 +180,8 @@ _CREATED = {"created_seq": "CASE WHEN t.seq > 0 THEN t.seq END",
 _SUCCEEDED = {"ok_seq": "o.ok_seq", "ok_attempt": "o.ok_attempt", "ok_ts": "o.ok_ts",
               "ok_token": "CASE WHEN o.ok_seq IS NOT NULL THEN $2 END",
               "ok_run_seq": "o.ok_run_seq", "ok_run_ts": "o.ok_run_ts",
-              "ok_ready_ts": "o.ok_ready_ts",
+              "ok_ready_ts": "o.ok_ready_ts", "ok_started": "o.ok_started",
+              "ok_ended": "o.ok_ended",
               "ok_result": "CASE WHEN o.ok_seq IS NOT NULL THEN TRUE END"}
 
 
