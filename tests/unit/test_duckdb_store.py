@@ -466,6 +466,42 @@ def test_the_results_and_attempts_tables_hold_every_one_recorded(
                                       if isinstance(r, AttemptEnded))
 
 
+@pytest.mark.parametrize("pipe", [wide, plain_fan, fan], ids=["made-ready", "fan-out",
+                                                              "retrying"])
+@pytest.mark.parametrize("executor", ["inline", "threads"])
+def test_the_tables_read_as_the_projection_of_the_runs_own_journal(
+        tmp_path, pipe, executor) -> None:
+    """Whatever the fold keeps in a task's row and whatever it writes as rows, a run's
+    moves and attempts (in the order written) and its task rows read back as the
+    records of its own journal say."""
+    import gzip
+
+    from ledgerflow.projection import apply
+    from ledgerflow.records import AttemptEnded, Transition, decode_line
+    from ledgerflow.views import RunView
+    from ledgerflow_stores.duckdb.journal import unframe
+
+    path = str(tmp_path / "l.duckdb")
+    run = pipe.run(n=12, store=path, executor=executor).settle()
+    st = DuckDBStore(path)
+    st.journals.settle()
+    records = [r for _, seg in st.journals.archived(run.run_id)
+               for line in gzip.decompress(seg.read_bytes()).splitlines()
+               for r in decode_line(unframe(line) or b"")]
+    assert [(e["seq"], e["task_key"], e["attempt"], e["from_state"], e["to_state"],
+             e["reason"], e["ts"]) for e in run.events()] == [
+        (r.seq, r.task_key, r.attempt, r.from_state, r.to_state, r.reason, r.ts)
+        for r in records if isinstance(r, Transition)]
+    assert [(a["task_key"], a["attempt"], a["outcome"], a["started_at"], a["ended_at"])
+            for a in run.attempts()] == [
+        (r.task_key, r.attempt, r.outcome, r.started_at, r.ended_at)
+        for r in records if isinstance(r, AttemptEnded)]
+    def timed(view):
+        return {k: (*row, view.tasks[k].started_at, view.tasks[k].ended_at)
+                for k, row in _rows(view).items()}
+    assert timed(run.status()) == timed(apply(RunView(run.run_id), records))
+
+
 def test_repair_copies_the_events_of_a_schema_4_file_into_event_rows(tmp_path) -> None:
     """A run folded by a release at schema version 4 whose journal is gone, in a file
     too damaged to upgrade (its version says 3): ``repair`` copies the run's rows from
