@@ -159,7 +159,7 @@ def stage_sources(con: Any, kinds: set[str], run_id: str, *, carry: bool) -> Non
                 if "T" in kinds else "FALSE"
             # (run_seq: the running move a format-4 record carries is the move before it)
             staged = (f"WITH s AS MATERIALIZED ({stage_sql(kind, compact=True)}) "
-                      f"SELECT *, {first} AS first, "
+                      f"SELECT *, coalesce({first}, FALSE) AS first, "
                       "CASE WHEN run_ts IS NOT NULL THEN seq - 1 END AS run_seq FROM s")
             if carry:
                 took = "f.first AND f.run_ts IS NULL AND d.e_i < f.i"

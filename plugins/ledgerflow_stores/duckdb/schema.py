@@ -34,7 +34,8 @@ V5_COLUMNS = ("created_seq BIGINT", "created_ts DOUBLE", "created_token INTEGER"
 #: kept; schema version 6, see :data:`RESULTS_VIEW` and :data:`ATTEMPTS_VIEW`).
 V6_COLUMNS = ("ok_run_seq BIGINT", "ok_run_ts DOUBLE", "ok_ready_ts DOUBLE",
               "ok_started DOUBLE", "ok_ended DOUBLE", "ok_result BOOLEAN")
-#: Every column of ``tasks`` that holds what ``events`` and ``results`` read.
+#: Every column of ``tasks`` that holds what ``events``, ``attempts`` and ``results``
+#: read.
 DERIVED_COLUMNS = (*V5_COLUMNS, *V6_COLUMNS)
 #: Every result recorded: the rows of ``result_rows``, and the result a task's row holds
 #: when the fold wrote the task with its one success (``ok_result``: a plain task's
