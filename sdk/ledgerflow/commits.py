@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -89,8 +90,9 @@ class Journal:
         #: the store's optional lease-loss probe (see :meth:`check_lease`)
         self.lease_probe: Callable[[Lease], str | None] | None = lease_probe(store)
         #: the commit lag (``Settings.commit_lag``; 0: off), when the last commit was
-        #: made (monotonic), and whether an attempt that must not lag was dispatched since
-        self.lag, self.flushed_at, self.durable_due = 0.0, 0.0, False
+        #: made (monotonic; none yet: the first is due, however long the machine has been
+        #: up), and whether an attempt that must not lag was dispatched since
+        self.lag, self.flushed_at, self.durable_due = 0.0, -math.inf, False
         #: commits a :class:`LagWriter` wrote, observers not yet told; what it raised
         self.unheard: list[list[Record]] = []
         self.failed: BaseException | None = None

@@ -502,6 +502,28 @@ def test_the_tables_read_as_the_projection_of_the_runs_own_journal(
     assert timed(run.status()) == timed(apply(RunView(run.run_id), records))
 
 
+def test_an_attempt_that_opens_a_batch_keeps_its_place_among_the_attempts(tmp_path) -> None:
+    """Folded as each commit is written, an attempt record with no move before it in
+    its batch is placed after the run's moves folded before, and reads in the order
+    written."""
+    from ledgerflow.records import AttemptEnded, expand
+    from ledgerflow.testing import stores as contract
+
+    st = _unfolded(tmp_path / "l.duckdb")
+    now = time.time()
+    commits = contract._history(now)
+    assert type(commits[2][0]) is AttemptEnded      # a commit that opens with an attempt
+    first = contract.run_records("r0", now)
+    lease = st.create_run("r0", first)
+    for records in commits[:3]:
+        st.append(lease, records)
+        st.fold_run("r0")                           # one batch a commit
+    st.release(lease)
+    written = expand([*first, *(r for c in commits[:3] for r in c)])
+    assert [(a["task_key"], a["attempt"], a["outcome"]) for a in st.attempts("r0")] == [
+        (r.task_key, r.attempt, r.outcome) for r in written if isinstance(r, AttemptEnded)]
+
+
 def test_repair_copies_the_events_of_a_schema_4_file_into_event_rows(tmp_path) -> None:
     """A run folded by a release at schema version 4 whose journal is gone, in a file
     too damaged to upgrade (its version says 3): ``repair`` copies the run's rows from

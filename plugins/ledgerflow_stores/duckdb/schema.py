@@ -48,26 +48,27 @@ RESULTS_VIEW = """
     SELECT run_id, task_key, ok_attempt, fingerprint, result_hash, result_kind, result_data,
            result_uri, result_size, NULL
     FROM tasks WHERE ok_result"""
-#: Every attempt that ended: the rows of ``attempt_rows``, and the ok attempt a task's
-#: row holds when the fold wrote the task with its one success.
-ATTEMPTS_VIEW = """
+def _attempts(extra: tuple[str, str] = ("token", "ok_token")) -> str:
+    """The rows of ``attempt_rows`` and the ok attempts task rows keep, with one more
+    column of each (``extra``: its expression for a row, for a kept attempt)."""
+    row, kept = extra
+    return f"""
     SELECT run_id, task_key, attempt, outcome, started_at, ended_at, error_type,
-           error_message, traceback, token
+           error_message, traceback, {row}
     FROM attempt_rows
     UNION ALL
-    SELECT run_id, task_key, ok_attempt, 'ok', ok_started, ok_ended, '', '', '', ok_token
+    SELECT run_id, task_key, ok_attempt, 'ok', ok_started, ok_ended, '', '', '', {kept}
     FROM tasks WHERE ok_result IS NOT NULL"""
+
+
+#: Every attempt that ended: the rows of ``attempt_rows``, and the ok attempt a task's
+#: row holds when the fold wrote the task with its one success.
+ATTEMPTS_VIEW = _attempts()
 #: The attempts of ``ATTEMPTS_VIEW`` in the order written (``_after``: the last move
 #: before the attempt ended; the kept one ends right before its success, after any
 #: attempt row with the same move before it).
-ATTEMPTS_IN_ORDER = """(
-    SELECT run_id, task_key, attempt, outcome, started_at, ended_at, error_type,
-           error_message, traceback, after_seq AS _after, 0 AS _kept, rowid AS _row
-    FROM attempt_rows
-    UNION ALL
-    SELECT run_id, task_key, ok_attempt, 'ok', ok_started, ok_ended, '', '', '',
-           ok_seq - 1, 1, 0
-    FROM tasks WHERE ok_result IS NOT NULL) AS attempts_in_order"""
+_IN_ORDER = ("after_seq AS _after, 0 AS _kept, rowid AS _row", "ok_seq - 1, 1, 0")
+ATTEMPTS_IN_ORDER = f"({_attempts(_IN_ORDER)}) AS attempts_in_order"
 _EVENTS_V5 = """
     SELECT run_id, seq, task_key, attempt, from_state, to_state, reason, ts, token
     FROM event_rows
